@@ -1,0 +1,1 @@
+"""nki_autotune.autotune: benchmarking, search, numerics, decisions and the CLI."""

@@ -1,0 +1,57 @@
+"""What every numba kernel of the pack shares: compilation, launch, zero-copy views."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+
+import numba
+import numpy as np
+import torch
+
+
+def kernel(fn: Callable) -> tuple[Callable, Callable]:
+    """A serial and a parallel build of one kernel body (``prange`` is ``range`` in the serial one).
+
+    One thread skips the parallel launch, which costs more than small inputs take.
+    """
+    opts = dict(fastmath=True, cache=True, nogil=True)
+    # numba's on-disk cache is keyed by qualified name: give the serial build its own.
+    serial = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial", fn.__defaults__)
+    serial.__qualname__ = fn.__qualname__ + "_serial"
+    return numba.njit(**opts)(serial), numba.njit(parallel=True, **opts)(fn)
+
+
+def launch(kern: tuple[Callable, Callable], threads: int, *args) -> None:
+    if threads <= 1:
+        kern[0](*args)
+        return
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    kern[1](*args)
+
+
+def array(t: torch.Tensor) -> np.ndarray:
+    """A numpy view of a CPU tensor's memory (no copy)."""
+    return t.detach().numpy()
+
+
+def max_threads() -> int:
+    return int(numba.config.NUMBA_NUM_THREADS)
+
+
+def thread_choices() -> tuple[int, ...]:
+    """1, 2, 4, ... up to this machine's core count."""
+    out, n = [], 1
+    while n < max_threads():
+        out.append(n)
+        n *= 2
+    out.append(max_threads())
+    return tuple(sorted(set(out)))
+
+
+def rows_view(spec_shape: tuple[int, ...], strides: tuple[int, ...] | None) -> bool:
+    """Whether a tensor's leading dims collapse into one row axis (so ``reshape(-1, D)`` is a view)."""
+    if strides is None or len(spec_shape) <= 2:
+        return True
+    dims = [(n, s) for n, s in zip(spec_shape[:-1], strides[:-1]) if n != 1]
+    return all(s_outer == s_inner * n_inner for (_, s_outer), (n_inner, s_inner) in zip(dims, dims[1:]))

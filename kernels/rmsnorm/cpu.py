@@ -1,0 +1,158 @@
+"""RMSNorm on the CPU: numba kernels, parallel over rows.
+
+Forward: one task per block of rows; each row is read twice (sum of squares in
+float64, then the scaled write), so a row stays in cache between the passes.
+Backward: each task writes its rows of dx and accumulates its own partial dweight
+row; a second parallel pass sums the partials by column. ``rows_per_task`` trades
+parallelism against the size of that partial buffer; ``threads=1`` skips the
+parallel launch, which costs more than small inputs take.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import prange
+
+from ...registry import Impl, Key, TensorSpec, register_impl
+from .._cpu import array, kernel, launch, max_threads, rows_view, thread_choices
+from .op import RMSNORM
+
+ROWS_PER_TASK = (1, 4, 16, 64, 256)
+_COLS = 256  # columns per task of the dweight reduction
+
+
+def _forward_body(x, w, eps, rows, y, rstd):
+    n, d = x.shape
+    tasks = (n + rows - 1) // rows
+    for t in prange(tasks):
+        r1 = min(n, (t + 1) * rows)
+        for r in range(t * rows, r1):
+            acc = 0.0
+            for j in range(d):
+                v = np.float64(x[r, j])
+                acc += v * v
+            s = np.float32(1.0 / np.sqrt(acc / d + eps))
+            rstd[r] = s
+            for j in range(d):
+                y[r, j] = x[r, j] * s * w[j]
+
+
+def _backward_body(dy, x, w, rstd, rows, dx, partial):
+    n, d = x.shape
+    tasks = partial.shape[0]
+    for t in prange(tasks):
+        p = partial[t]
+        for j in range(d):
+            p[j] = 0.0
+        r1 = min(n, (t + 1) * rows)
+        for r in range(t * rows, r1):
+            s = rstd[r]
+            acc = 0.0
+            for j in range(d):
+                acc += np.float64(dy[r, j] * w[j]) * x[r, j]
+            c = np.float32(acc * s * s * s / d)
+            for j in range(d):
+                g = dy[r, j]
+                dx[r, j] = s * (g * w[j]) - c * x[r, j]
+                p[j] += g * x[r, j] * s
+
+
+def _column_sum_body(partial, out):
+    tasks, d = partial.shape
+    blocks = (d + 255) // 256
+    for b in prange(blocks):
+        j0 = b * 256
+        j1 = min(d, j0 + 256)
+        acc = np.zeros(j1 - j0, np.float64)
+        for t in range(tasks):
+            for j in range(j0, j1):
+                acc[j - j0] += partial[t, j]
+        for j in range(j0, j1):
+            out[j] = acc[j - j0]
+
+
+_forward = kernel(_forward_body)
+_backward = kernel(_backward_body)
+_column_sum = kernel(_column_sum_body)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().reshape(-1, x.shape[-1])
+
+
+def forward(tensors: tuple, attrs: dict, config: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    x, w = tensors
+    y = torch.empty(x.shape, dtype=x.dtype)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32)
+    rows = max(1, x.numel() // x.shape[-1])
+    launch(_forward, config["threads"], array(_rows(x)), array(w), attrs["eps"],
+           max(1, -(-rows // config["threads"])), array(_rows(y)), array(rstd.reshape(-1)))
+    return y, rstd
+
+
+def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: dict) -> tuple:
+    (dy,), (x, w), (_, rstd) = grads, tensors, results
+    d = x.shape[-1]
+    n = max(1, x.numel() // d)
+    rows = config["rows_per_task"]
+    partial = np.empty((-(-n // rows), d), np.float64)
+    dx = torch.empty(x.shape, dtype=x.dtype)
+    dw = torch.empty(d, dtype=w.dtype)
+    threads = config["threads"]
+    launch(_backward, threads, array(_rows(dy)), array(_rows(x)), array(w), array(rstd.reshape(-1)), rows,
+           array(_rows(dx)), partial)
+    launch(_column_sum, threads if d > _COLS else 1, partial, array(dw))
+    return dx, dw
+
+
+def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    x, _ = tensors
+    return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
+    x, w = specs
+    if x.dtype != "float32" or w.dtype != "float32":
+        return f"dtypes {x.dtype}, {w.dtype} (supports float32, float32)"
+    if not x.shape or x.numel == 0:
+        return f"x of shape {list(x.shape)} (needs at least one element and one dim)"
+    if w.shape != x.shape[-1:]:
+        return f"weight of shape {list(w.shape)} (needs [{x.shape[-1]}], no broadcasting)"
+    if x.layout[-1] != 1 or (w.strides is not None and w.strides != (1,)):
+        return "a last dim that is not contiguous"
+    if not rows_view(x.shape, x.strides):
+        return "leading dims that do not collapse into rows without a copy"
+    return None
+
+
+def constraint(config: dict, key: Key) -> bool:
+    (xs, _), _ = key.inputs
+    d = xs[-1] if xs else 1
+    n = max(1, (int(np.prod(xs)) // d) if d else 1)
+    threads = config["threads"]
+    if threads > 1 and n < threads:
+        return False
+    if key.mode == "inference":
+        return True
+    rows = config["rows_per_task"]
+    if threads > 1 and -(-n // rows) < threads:
+        return False  # fewer tasks than threads
+    smallest_cover = min((r for r in ROWS_PER_TASK if r >= n), default=None)
+    return rows <= n or rows == smallest_cover
+
+
+CPU_ROWS = register_impl(Impl(
+    op=RMSNORM,
+    name="cpu_rows",
+    backend="cpu",
+    forward=forward,
+    backward=backward,
+    fake=fake,
+    supports=supports,
+    space={"threads": thread_choices(), "rows_per_task": ROWS_PER_TASK},
+    default={"threads": max_threads(), "rows_per_task": 16},
+    constraint=constraint,
+    backward_params=("rows_per_task",),
+    saved=1,
+))

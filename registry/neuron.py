@@ -1,0 +1,79 @@
+"""The neuron backend: NKI kernels against ``torch.compile(backend="neuron")``.
+
+Usable only where torch-neuronx and nki import and a neuron device is present;
+anywhere else it reports why, and nothing else is affected.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+import torch
+
+from .backend import register_backend
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+@cache
+def _probe() -> str | None:
+    for mod in ("torch_neuronx", "nki"):
+        try:
+            importlib.import_module(mod)
+        except Exception as e:  # an import error of any kind means: not here
+            return (f"{mod} cannot be imported ({type(e).__name__}: {e}); "
+                    "install torch-neuronx and nki on a Trainium host")
+    neuron = getattr(torch, "neuron", None)
+    try:
+        count = neuron.device_count() if neuron is not None else 0
+    except Exception as e:
+        return f"no neuron device could be queried ({type(e).__name__}: {e})"
+    if not count:
+        return "torch-neuronx is installed but no neuron device is present"
+    return None
+
+
+class NeuronBackend:
+    name = "neuron"
+    device = "neuron"
+    compiler = "neuron"
+
+    def why_unavailable(self) -> str | None:
+        return _probe()
+
+    def available(self) -> bool:
+        return _probe() is None
+
+    def synchronize(self) -> None:
+        import torch_neuronx
+
+        torch_neuronx.synchronize()
+
+    def compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return torch.compile(fn, backend="neuron", fullgraph=True, dynamic=False)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Everything in the neuron compile-cache key, plus the kernel language."""
+        return {
+            "backend": self.name,
+            "device": os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "detected"),
+            "torch": str(torch.__version__),
+            "compiler": "neuronx-cc " + _version("neuronx-cc"),
+            "torch_neuronx": _version("torch-neuronx"),
+            "nki": _version("nki"),
+            "neuron_cc_flags": os.environ.get("NEURON_CC_FLAGS", ""),
+            "logical_nc_config": os.environ.get("NEURON_LOGICAL_NC_CONFIG", "default"),
+        }
+
+
+NEURON = register_backend(NeuronBackend())

@@ -1,0 +1,182 @@
+"""Op and Impl: an operation, and one kernel for it on one backend."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import itertools
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .customop import build
+from .specs import Key, TensorSpec
+
+_SCHEMA_TYPES = {float: "float", int: "int", bool: "bool"}
+
+
+@dataclass(eq=False)
+class Op:
+    """An operation with a plain-PyTorch reference (the compiler path)."""
+
+    name: str
+    reference: Callable[..., Any]
+    """``reference(*tensors, *attrs)``: the expression the compiler fuses; in float64, the numerics oracle."""
+    tensors: tuple[str, ...]
+    attrs: Mapping[str, type] = field(default_factory=dict)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    """Default attribute values of the public function (``explain`` and profiles use them)."""
+    outputs: int = 1
+    differentiable: tuple[str, ...] = ()
+    """Tensor arguments that receive gradients (when floating point)."""
+    make_inputs: Callable[..., tuple] | None = None
+    """``make_inputs(key, generator, samples=None)`` -> tensors for benchmarks and numerics."""
+    impls: dict[str, Impl] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for a, t in self.attrs.items():
+            if t not in _SCHEMA_TYPES:
+                raise TypeError(f"op {self.name}: attr {a} has type {t}; use float, int or bool")
+
+    def attr_dict(self, values: tuple) -> dict[str, Any]:
+        return dict(zip(self.attrs, values))
+
+    def mode_of(self, specs: tuple[TensorSpec, ...]) -> str:
+        """training when a differentiable input asks for a gradient, else inference."""
+        for name, s in zip(self.tensors, specs):
+            if s.requires_grad and name in self.differentiable:
+                return "training"
+        return "inference"
+
+
+@dataclass(eq=False)
+class Impl:
+    """One kernel for an op on one backend, with its config space."""
+
+    op: Op
+    name: str
+    backend: str
+    forward: Callable[[tuple, dict, dict], tuple]
+    """``forward(tensors, attrs, config)`` -> outputs followed by ``saved`` extra tensors for backward."""
+    fake: Callable[[tuple, dict], tuple]
+    """Same as ``forward`` on fake tensors: empty results of the right shape, dtype and strides."""
+    supports: Callable[[tuple[TensorSpec, ...], dict], str | None]
+    """None when the impl handles the call, else the reason it declines."""
+    backward: Callable[[tuple, tuple, tuple, dict, dict], tuple] | None = None
+    """``backward(grads, tensors, results, attrs, config)`` -> one grad per ``op.differentiable``;
+    None: the reference's gradient formula, run eagerly inside the backward op."""
+    space: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    default: Mapping[str, int] = field(default_factory=dict)
+    constraint: Callable[[dict, Key], bool] | None = None
+    """False for configs not worth running at this key (pruned before any timing)."""
+    backward_params: tuple[str, ...] = ()
+    """Config params that only change the backward: fixed to their default for inference."""
+    saved: int = 0
+    fwd_op: Any = None
+    bwd_op: Any = None
+
+    def __post_init__(self) -> None:
+        if set(self.default) != set(self.space):
+            raise ValueError(f"impl {self.qualname}: default config must set exactly {sorted(self.space)}")
+        for p, v in self.default.items():
+            if v not in self.space[p]:
+                raise ValueError(f"impl {self.qualname}: default {p}={v} is not in its space {self.space[p]}")
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.op.name}.{self.name}"
+
+    @property
+    def op_name(self) -> str:
+        return f"{self.op.name}_{self.name}"
+
+    @property
+    def source_hash(self) -> str:
+        """Hash of the module that holds the kernel: a changed kernel is retuned."""
+        return _source_hash(self.forward)
+
+    def configs(self, key: Key | None = None, mode: str = "training") -> list[dict[str, int]]:
+        """Every config of the space that the constraint admits at ``key``."""
+        names = list(self.space)
+        fixed = set(self.backward_params) if mode == "inference" else set()
+        choices = [(self.default[n],) if n in fixed else self.space[n] for n in names]
+        out = []
+        for values in itertools.product(*choices):
+            cfg = dict(zip(names, values))
+            if key is None or self.allows(cfg, key):
+                out.append(cfg)
+        return out
+
+    def allows(self, config: Mapping[str, int], key: Key) -> bool:
+        return self.constraint is None or bool(self.constraint(dict(config), key))
+
+    def config_values(self, config: Mapping[str, int] | None) -> tuple[int, ...]:
+        config = self.default if config is None else config
+        return tuple(int(config[p]) for p in self.space)
+
+    def schema(self) -> str:
+        args = [f"Tensor {t}" for t in self.op.tensors]
+        args += [f"{_SCHEMA_TYPES[t]} {a}" for a, t in self.op.attrs.items()]
+        args += [f"int {p}" for p in self.space]
+        n = self.op.outputs + self.saved
+        ret = "Tensor" if n == 1 else "(" + ", ".join(["Tensor"] * n) + ")"
+        return f"({', '.join(args)}) -> {ret}"
+
+    def backward_schema(self) -> str:
+        n = self.op.outputs + self.saved
+        args = [f"Tensor grad_{i}" for i in range(self.op.outputs)]
+        args += [f"Tensor {t}" for t in self.op.tensors]
+        args += [f"Tensor result_{i}" for i in range(n)]
+        args += [f"{_SCHEMA_TYPES[t]} {a}" for a, t in self.op.attrs.items()]
+        args += [f"int {p}" for p in self.space]
+        k = len(self.op.differentiable)
+        ret = "Tensor" if k == 1 else "(" + ", ".join(["Tensor"] * k) + ")"
+        return f"({', '.join(args)}) -> {ret}"
+
+
+_hashes: dict[str, str] = {}
+
+
+def _source_hash(fn: Callable) -> str:
+    path = inspect.getsourcefile(fn) or fn.__module__
+    if path not in _hashes:
+        mod = sys.modules.get(fn.__module__)
+        text = inspect.getsource(mod) if mod is not None else inspect.getsource(fn)
+        _hashes[path] = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return _hashes[path]
+
+
+_OPS: dict[str, Op] = {}
+
+
+def register_op(op: Op) -> Op:
+    if op.name in _OPS and _OPS[op.name] is not op:
+        raise ValueError(f"op {op.name} is already registered")
+    _OPS[op.name] = op
+    return op
+
+
+def register_impl(impl: Impl) -> Impl:
+    """Add ``impl`` to its op and register its custom operators."""
+    op = impl.op
+    if impl.name in op.impls:
+        raise ValueError(f"impl {impl.qualname} is already registered")
+    if impl.name in ("auto", "on", "off"):
+        raise ValueError(f"impl name {impl.name!r} is reserved for switch values")
+    build(impl)
+    op.impls[impl.name] = impl
+    return impl
+
+
+def ops() -> dict[str, Op]:
+    """Every registered op, by name."""
+    return dict(_OPS)
+
+
+def get_op(name: str) -> Op:
+    try:
+        return _OPS[name]
+    except KeyError:
+        known = ", ".join(sorted(_OPS)) or "none registered"
+        raise KeyError(f"unknown op {name!r}; known ops: {known}") from None

@@ -1,0 +1,137 @@
+"""YAML files of the project: atomic writes, and load errors that name the place."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class FormatError(ValueError):
+    """A file does not follow its format; the message names file, entry and field."""
+
+
+class Flow(list):
+    """A list written on one line, as in DESIGN §5's examples."""
+
+
+class FlowDict(dict):
+    """A mapping written on one line."""
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(Flow, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True))
+_Dumper.add_representer(FlowDict, lambda d, v: d.represent_mapping("tag:yaml.org,2002:map", v, flow_style=True))
+_Dumper.add_representer(tuple, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True))
+
+
+def dump(data: Any) -> str:
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=120, allow_unicode=True)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write to a temporary file beside ``path``, then rename: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load(path: str | os.PathLike, what: str) -> Any:
+    """Parse a YAML file; an unreadable or malformed file is a FormatError naming it."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise FormatError(f"{path}: cannot read {what}: {e.strerror or e}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise FormatError(f"{path}: not valid YAML{where}: {problem}") from None
+
+
+def _names(types: type | tuple[type, ...]) -> str:
+    types = types if isinstance(types, tuple) else (types,)
+    return " or ".join({"str": "a string", "int": "an integer", "float": "a number", "list": "a list",
+                        "dict": "a mapping", "bool": "true/false"}.get(t.__name__, t.__name__) for t in types)
+
+
+class Fields:
+    """Typed access to one mapping of a file, with errors that say where."""
+
+    def __init__(self, data: Any, where: str):
+        if not isinstance(data, dict):
+            raise FormatError(f"{where}: expected a mapping, got {type(data).__name__}")
+        self.data, self.where = data, where
+
+    def fail(self, field: str, msg: str) -> FormatError:
+        return FormatError(f"{self.where}: field '{field}': {msg}")
+
+    def get(self, field: str, types: type | tuple[type, ...], default: Any = ..., what: str = "") -> Any:
+        if field not in self.data or self.data[field] is None:
+            if default is ...:
+                raise self.fail(field, "missing")
+            return default
+        value = self.data[field]
+        if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+            raise self.fail(field, f"expected {what or _names(types)}, got {value!r}")
+        if not isinstance(value, types):
+            raise self.fail(field, f"expected {what or _names(types)}, got {value!r}")
+        return value
+
+    def unknown(self, allowed: tuple[str, ...]) -> None:
+        extra = sorted(set(self.data) - set(allowed))
+        if extra:
+            raise self.fail(extra[0], f"unknown field; allowed: {', '.join(allowed)}")
+
+    def shape(self, value: Any, field: str) -> tuple[int, ...]:
+        if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                  for d in value):
+            raise self.fail(field, f"a shape must be a list of non-negative integers, got {value!r}")
+        return tuple(value)
+
+    def dtype(self, value: Any, field: str, allowed: tuple[str, ...]) -> str:
+        if value not in allowed:
+            raise self.fail(field, f"unknown dtype {value!r}; allowed: {', '.join(allowed)}")
+        return value
+
+    def attrs(self, field: str, types: dict[str, type]) -> dict[str, Any]:
+        """The op's attributes, each present and of its type (ints are accepted for floats)."""
+        raw = self.get(field, dict, default={})
+        extra = sorted(set(raw) - set(types))
+        if extra:
+            raise self.fail(f"{field}.{extra[0]}", f"not an attribute of this op; it has: {', '.join(types) or 'none'}")
+        out = {}
+        for name, t in types.items():
+            if name not in raw:
+                raise self.fail(f"{field}.{name}", "missing")
+            v = raw[name]
+            if t is float and isinstance(v, str):
+                try:
+                    v = float(v)
+                except ValueError:
+                    pass
+            ok = isinstance(v, t) and not (isinstance(v, bool) and t is not bool)
+            if t is float and isinstance(v, int) and not isinstance(v, bool):
+                v, ok = float(v), True
+            if not ok:
+                raise self.fail(f"{field}.{name}", f"expected {_names(t)}, got {v!r}")
+            out[name] = v
+        return out

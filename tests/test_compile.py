@@ -1,0 +1,126 @@
+"""Under torch.compile(fullgraph=True, dynamic=False): no graph break, one graph per shape, and the
+impl's custom op in the graph exactly where the table or a switch puts it."""
+
+from __future__ import annotations
+
+import nki_autotune.kernels as nk
+import pytest
+import torch
+from nki_autotune.registry import Entry
+from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.utils import counters
+from torch._functorch.aot_autograd import make_boxed_func
+
+from .conftest import rmsnorm_key
+from .helpers import rel_err
+
+KERNEL_AT, COMPILER_AT = (16, 64), (24, 64)
+FWD = "nki_autotune.rmsnorm_cpu_rows.default"
+BWD = "nki_autotune.rmsnorm_cpu_rows_backward.default"
+
+
+class Graphs:
+    """A backend that records the forward and backward graphs AOTAutograd hands to the compiler."""
+
+    def __init__(self):
+        self.forward, self.backward, self.dynamo = [], [], []
+
+        def fw(gm, _):
+            self.forward.append(gm)
+            return make_boxed_func(gm.forward)
+
+        def bw(gm, _):
+            self.backward.append(gm)
+            return make_boxed_func(gm.forward)
+
+        self._aot = aot_autograd(fw_compiler=fw, bw_compiler=bw)
+
+    def __call__(self, gm, example_inputs):
+        self.dynamo.append(gm)
+        return self._aot(gm, example_inputs)
+
+
+def targets(gm) -> set[str]:
+    return {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def block(x, w):
+    h = nk.rmsnorm(x, w) * 2.0
+    return nk.rmsnorm(h + x, w).sum()
+
+
+def _table(write_table):
+    return write_table([
+        Entry(rmsnorm_key(KERNEL_AT), "cpu_rows", {"threads": 2, "rows_per_task": 4}, reason="faster"),
+        Entry(rmsnorm_key(COMPILER_AT), None, reason="slower"),
+    ])
+
+
+def _run(fn, shape, steps=3):
+    x = torch.randn(shape, requires_grad=True)
+    w = torch.randn(shape[-1], requires_grad=True)
+    for _ in range(steps):
+        x.grad = w.grad = None
+        loss = fn(x, w)
+        loss.backward()
+    return loss, x, w
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def test_table_places_the_kernel_at_one_shape_and_the_compiler_at_another(switches, write_table):
+    switches(NKI_AUTOTUNE_TABLE=_table(write_table))
+    graphs = Graphs()
+    fn = torch.compile(block, backend=graphs, fullgraph=True, dynamic=False)
+    _run(fn, KERNEL_AT)
+    _run(fn, COMPILER_AT)
+    _run(fn, KERNEL_AT)  # back to the first shape: no new graph
+    assert len(graphs.dynamo) == 2 and len(graphs.forward) == 2 and len(graphs.backward) == 2
+    assert counters["graph_break"] == {}
+    kernel_fwd, compiler_fwd = graphs.forward
+    assert FWD in targets(kernel_fwd) and BWD in targets(graphs.backward[0])
+    assert sum(str(n.target) == FWD for n in kernel_fwd.graph.nodes) == 2  # both call sites
+    assert not any("nki_autotune" in t for t in targets(compiler_fwd) | targets(graphs.backward[1]))
+    assert "aten.rsqrt.default" in targets(compiler_fwd)
+
+
+@pytest.mark.parametrize("env, expect_kernel", [
+    ({"NKI_AUTOTUNE_KERNELS": "off"}, (False, False)),
+    ({"NKI_AUTOTUNE_KERNELS": "on"}, (True, True)),
+    ({"NKI_AUTOTUNE_KERNEL_RMSNORM": "off"}, (False, False)),
+    ({"NKI_AUTOTUNE_KERNEL_RMSNORM": "cpu_rows"}, (True, True)),
+    ({"NKI_AUTOTUNE_KERNELS": "off", "NKI_AUTOTUNE_KERNEL_RMSNORM": "auto"}, (True, False)),
+])
+def test_switches_override_the_table_in_the_graph(switches, write_table, env, expect_kernel):
+    switches(NKI_AUTOTUNE_TABLE=_table(write_table), **env)
+    graphs = Graphs()
+    fn = torch.compile(block, backend=graphs, fullgraph=True, dynamic=False)
+    _run(fn, KERNEL_AT, steps=2)
+    _run(fn, COMPILER_AT, steps=2)
+    assert len(graphs.dynamo) == 2
+    got = tuple(FWD in targets(g) for g in graphs.forward)
+    assert got == expect_kernel
+
+
+def test_inductor_runs_the_kernel_and_matches_the_reference(switches, write_table):
+    switches(NKI_AUTOTUNE_TABLE=_table(write_table))
+    fn = torch.compile(block, backend="inductor", fullgraph=True, dynamic=False)
+    loss, x, w = _run(fn, KERNEL_AT, steps=2)
+    x64 = x.detach().double().requires_grad_()
+    w64 = w.detach().double().requires_grad_()
+
+    def ref(x, w):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w * 2.0
+        h = h + x
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * w).sum()
+
+    r = ref(x64, w64)
+    r.backward()
+    assert abs(loss.item() - r.item()) <= 1e-4 * max(1.0, abs(r.item()))
+    assert rel_err(x.grad, x64.grad) < 1e-5 and rel_err(w.grad, w64.grad) < 1e-5

@@ -1,0 +1,95 @@
+"""RMSNorm: the numba impl against the float64 reference, forward and backward, switches on and off."""
+
+from __future__ import annotations
+
+import nki_autotune.kernels as nk
+import pytest
+import torch
+from nki_autotune.kernels.rmsnorm.op import RMSNORM, reference
+from nki_autotune.registry import explain
+
+from .helpers import as64, rel_err, run_with_grads
+
+IMPL = RMSNORM.impls["cpu_rows"]
+
+SHAPES = [(1, 2), (1, 7), (3, 5), (17, 129), (2, 3, 64), (4, 1, 33, 250), (300, 1024), (5,)]
+
+
+def _inputs(shape, gen, dtype=torch.float32):
+    x = torch.randn(shape, generator=gen, dtype=dtype) * 3 + 0.5
+    w = torch.randn(shape[-1], generator=gen, dtype=dtype)
+    return x, w
+
+
+@pytest.mark.parametrize("switch", ["on", "off"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_matches_float64_reference(switches, gen, shape, switch):
+    switches(NKI_AUTOTUNE_KERNELS=switch)
+    x, w = _inputs(shape, gen)
+    eps = float(torch.empty(()).uniform_(1e-6, 1e-3, generator=gen))
+    assert explain("rmsnorm", x.requires_grad_(), w, eps=eps).path == ("kernel" if switch == "on" else "compiler")
+    outs, grads = run_with_grads(lambda a, b: nk.rmsnorm(a, b, eps), (x, w))
+    ref_outs, ref_grads = run_with_grads(lambda a, b: reference(a, b, eps), as64((x, w)))
+    assert outs[0].dtype == torch.float32 and outs[0].shape == x.shape
+    assert rel_err(outs[0], ref_outs[0]) < 1e-5
+    for g, r in zip(grads, ref_grads):
+        assert g.shape == r.shape
+        assert rel_err(g, r) < 1e-5
+
+
+@pytest.mark.parametrize("config", IMPL.configs())
+def test_every_config_is_correct(gen, config):
+    x, w = _inputs((70, 96), gen)
+    cfg = tuple(config.values())
+    outs, grads = run_with_grads(lambda a, b: IMPL.fwd_op(a, b, 1e-6, *cfg)[0], (x, w))
+    ref_outs, ref_grads = run_with_grads(lambda a, b: reference(a, b, 1e-6), as64((x, w)))
+    assert rel_err(outs[0], ref_outs[0]) < 1e-5
+    assert all(rel_err(g, r) < 1e-5 for g, r in zip(grads, ref_grads))
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (2, 3, 64)])
+def test_opcheck(gen, shape):
+    x, w = _inputs(shape, gen)
+    torch.library.opcheck(IMPL.fwd_op, (x.requires_grad_(), w.requires_grad_(), 1e-6, 1, 4))
+    torch.library.opcheck(IMPL.fwd_op, (x.detach(), w.detach(), 1e-5, 2, 1))
+
+
+def test_only_weight_requires_grad(switches, gen):
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    x, w = _inputs((9, 40), gen)
+    w.requires_grad_()
+    nk.rmsnorm(x, w).pow(2).sum().backward()
+    w64 = w.detach().double().requires_grad_()
+    reference(x.double(), w64, 1e-6).pow(2).sum().backward()
+    assert rel_err(w.grad, w64.grad) < 1e-5
+
+
+def test_gradient_flows_through_a_strided_rows_view(switches, gen):
+    """A slice of a wider tensor: rows are strided, the last dim is contiguous; the kernel takes it."""
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    wide, w = _inputs((12, 100), gen)
+    x = wide[:, 10:74]
+    assert not x.is_contiguous()
+    assert explain("rmsnorm", x, w[:64]).path == "kernel"
+    got = nk.rmsnorm(x, w[:64].contiguous())
+    assert rel_err(got, reference(x.double(), w[:64].double(), 1e-6)) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "make, why",
+    [
+        (lambda g: _inputs((4, 32), g, torch.float64), "dtypes float64"),
+        (lambda g: _inputs((4, 32), g, torch.bfloat16), "dtypes bfloat16"),
+        (lambda g: (torch.randn(32, 4, generator=g).t(), torch.randn(32, generator=g)), "not contiguous"),
+        (lambda g: (_inputs((4, 6, 32), g)[0].transpose(0, 1), _inputs((4, 32), g)[1]), "do not collapse"),
+        (lambda g: (_inputs((4, 32), g)[0], torch.ones(1)), "no broadcasting"),
+        (lambda g: (torch.randn(0, 32, generator=g), torch.ones(32)), "one element"),
+    ],
+)
+def test_declined_inputs_take_the_compiler_path(switches, gen, make, why):
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    x, w = make(gen)
+    exp = explain("rmsnorm", x, w)
+    assert exp.path == "compiler" and why in exp.reason
+    got = nk.rmsnorm(x, w)
+    torch.testing.assert_close(got, reference(x, w, 1e-6))

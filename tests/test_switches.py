@@ -1,0 +1,137 @@
+"""The switches of DESIGN §4: values, precedence, errors that name the variable."""
+
+from __future__ import annotations
+
+import nki_autotune.kernels as nk
+import pytest
+import torch
+from nki_autotune.registry import Entry, SettingsError, explain, reload_settings, settings
+from nki_autotune.registry.settings import read_settings
+
+from .conftest import rmsnorm_key
+
+
+def _xw(rows=8, d=64):
+    return torch.randn(rows, d), torch.randn(d)
+
+
+@pytest.mark.parametrize("raw, want", [
+    ("auto", "auto"), ("off", "off"), ("on", "on"), ("0", "off"), ("false", "off"), ("No", "off"),
+    ("1", "on"), ("TRUE", "on"), ("yes", "on"), (" on ", "on"),
+])
+def test_global_values(raw, want):
+    assert read_settings({"NKI_AUTOTUNE_KERNELS": raw}).kernels == want
+
+
+def test_defaults():
+    s = read_settings({})
+    assert (s.kernels, dict(s.per_op), s.tables, s.strict, s.record) == ("auto", {}, (), False, None)
+
+
+@pytest.mark.parametrize("var, raw", [
+    ("NKI_AUTOTUNE_KERNELS", "maybe"),
+    ("NKI_AUTOTUNE_KERNELS", "cpu_rows"),  # impl names are per-op only
+    ("NKI_AUTOTUNE_KERNEL_RMSNORM", "fast!"),
+    ("NKI_AUTOTUNE_STRICT", "sometimes"),
+])
+def test_invalid_values_name_the_variable_and_the_allowed_values(var, raw):
+    with pytest.raises(SettingsError) as e:
+        read_settings({var: raw})
+    assert var in str(e.value) and repr(raw) in str(e.value)
+    assert "auto" in str(e.value) or "0 or 1" in str(e.value)
+
+
+def test_unknown_impl_and_unknown_op_are_rejected_on_reload():
+    with pytest.raises(SettingsError, match="NKI_AUTOTUNE_KERNEL_RMSNORM='nki_fast'.*cpu_rows"):
+        reload_settings({"NKI_AUTOTUNE_KERNEL_RMSNORM": "nki_fast"})
+    with pytest.raises(SettingsError, match="NKI_AUTOTUNE_KERNEL_LAYERNORM names no registered op"):
+        reload_settings({"NKI_AUTOTUNE_KERNEL_LAYERNORM": "on"})
+    assert settings().per_op == {}  # a rejected reload changes nothing
+
+
+def test_settings_are_read_once(switches, monkeypatch):
+    switches(NKI_AUTOTUNE_KERNELS="off")
+    monkeypatch.setenv("NKI_AUTOTUNE_KERNELS", "on")  # not seen until reload_settings()
+    x, w = _xw()
+    assert explain("rmsnorm", x, w).path == "compiler"
+    reload_settings()
+    assert explain("rmsnorm", x, w).path == "kernel"
+
+
+def _kernel_entry(shape, mode="inference"):
+    return Entry(rmsnorm_key(shape, mode), "cpu_rows", {"threads": 1, "rows_per_task": 4}, reason="faster")
+
+
+def _compiler_entry(shape, mode="inference"):
+    return Entry(rmsnorm_key(shape, mode), None, reason="slower")
+
+
+# (global, per-op, table says) -> expected path and impl config source
+PRECEDENCE = [
+    # no switches: the table decides
+    ({}, "kernel", "kernel"),
+    ({}, "compiler", "compiler"),
+    ({}, None, "compiler"),
+    # global switch over the table
+    ({"NKI_AUTOTUNE_KERNELS": "off"}, "kernel", "compiler"),
+    ({"NKI_AUTOTUNE_KERNELS": "on"}, "compiler", "kernel"),
+    ({"NKI_AUTOTUNE_KERNELS": "on"}, None, "kernel"),
+    ({"NKI_AUTOTUNE_KERNELS": "auto"}, "kernel", "kernel"),
+    # per-op switch over the global one
+    ({"NKI_AUTOTUNE_KERNELS": "off", "NKI_AUTOTUNE_KERNEL_RMSNORM": "on"}, None, "kernel"),
+    ({"NKI_AUTOTUNE_KERNELS": "on", "NKI_AUTOTUNE_KERNEL_RMSNORM": "off"}, "kernel", "compiler"),
+    ({"NKI_AUTOTUNE_KERNELS": "on", "NKI_AUTOTUNE_KERNEL_RMSNORM": "auto"}, "compiler", "compiler"),
+    ({"NKI_AUTOTUNE_KERNELS": "off", "NKI_AUTOTUNE_KERNEL_RMSNORM": "auto"}, "kernel", "kernel"),
+    ({"NKI_AUTOTUNE_KERNELS": "off", "NKI_AUTOTUNE_KERNEL_RMSNORM": "cpu_rows"}, "compiler", "kernel"),
+]
+
+
+@pytest.mark.parametrize("env, table_says, want", PRECEDENCE)
+def test_precedence(switches, write_table, env, table_says, want):
+    shape = (8, 64)
+    entries = {"kernel": [_kernel_entry(shape)], "compiler": [_compiler_entry(shape)], None: []}[table_says]
+    switches(NKI_AUTOTUNE_TABLE=write_table(entries), **env)
+    x, w = _xw(*shape)
+    exp = explain("rmsnorm", x, w)
+    assert exp.path == want, exp
+    var = "NKI_AUTOTUNE_KERNEL_RMSNORM" if "NKI_AUTOTUNE_KERNEL_RMSNORM" in env else "NKI_AUTOTUNE_KERNELS"
+    if env and env.get(var) != "auto":
+        assert var in exp.reason
+    # the call itself takes the explained path: the forced-off path is the reference bit for bit
+    y = nk.rmsnorm(x, w)
+    torch.testing.assert_close(y, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w)
+
+
+def test_on_uses_the_table_config_when_the_table_names_the_impl(switches, write_table):
+    switches(NKI_AUTOTUNE_TABLE=write_table([_kernel_entry((8, 64))]), NKI_AUTOTUNE_KERNELS="on")
+    exp = explain("rmsnorm", *_xw(8, 64))
+    assert dict(exp.config) == {"threads": 1, "rows_per_task": 4}
+    exp = explain("rmsnorm", *_xw(16, 64))  # no entry: the impl's default config
+    assert exp.path == "kernel" and "default config" in exp.reason
+
+
+def test_forced_impl_that_declines_takes_the_compiler_path(switches):
+    switches(NKI_AUTOTUNE_KERNEL_RMSNORM="cpu_rows")
+    x, w = _xw()
+    exp = explain("rmsnorm", x.double(), w.double())
+    assert exp.path == "compiler" and "cpu_rows declines" in exp.reason
+
+
+def test_table_mode_must_match(switches, write_table):
+    switches(NKI_AUTOTUNE_TABLE=write_table([_kernel_entry((8, 64), mode="training")]))
+    x, w = _xw()
+    assert explain("rmsnorm", x, w).path == "compiler"  # an inference call
+    assert explain("rmsnorm", x.requires_grad_(), w).path == "kernel"
+    with torch.no_grad():
+        assert explain("rmsnorm", x, w).path == "compiler"
+
+
+def test_first_table_wins(switches, write_table):
+    a = write_table([_kernel_entry((8, 64))], name="a.yaml")
+    b = write_table([_compiler_entry((8, 64))], name="b.yaml")
+    import os
+
+    switches(NKI_AUTOTUNE_TABLE=os.pathsep.join([a, b]))
+    assert explain("rmsnorm", *_xw()).path == "kernel"
+    switches(NKI_AUTOTUNE_TABLE=os.pathsep.join([b, a]))
+    assert explain("rmsnorm", *_xw()).path == "compiler"
