@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,9 +53,15 @@ class Explanation:
 
 
 class _State:
+    """What dispatch reads. ``generation`` names the (settings, tables) in force: compiled code guards on
+    it, so a graph traced under other switches is not reused, and switching back finds it again."""
+
     tables: list[Table] | None = None
+    generation: int = 0
     cache: dict[tuple, Explanation] = {}
     recorder: Any = None
+    generations: dict[tuple, int] = {}
+    loaded: dict[int, list[Table]] = {}
 
 
 _state = _State()
@@ -78,27 +85,34 @@ def check_switches(s: _settings.Settings | None = None) -> None:
             raise _settings.SettingsError(f"{var}={value!r} is not allowed; use one of: {allowed}")
 
 
+def load_table_checked(path: str, s: _settings.Settings) -> Table | None:
+    """A table, if tuned on this machine; else None with a warning, or an error under strict mode."""
+    table = load_table(path, ops())
+    backend = backends().get(table.fingerprint["backend"])
+    current = backend.fingerprint() if backend is not None and backend.available() else None
+    why = fingerprint_mismatch(table, current)
+    if why is None:
+        return table
+    msg = f"dispatch table {path} was tuned on another machine: {why}"
+    if s.strict:
+        raise TableError(f"{msg} ({_settings.STRICT}=1)")
+    warnings.warn(f"nki-autotune: ignoring {msg}; set {_settings.STRICT}=1 to make this an error", stacklevel=3)
+    return None
+
+
 def load_tables() -> list[Table]:
     """Load the tables named by ``NKI_AUTOTUNE_TABLE``; foreign ones are skipped with a warning."""
     s = _settings.settings()
-    registered = ops()
-    loaded = []
-    for path in s.tables:
-        table = load_table(path, registered)
-        backend = backends().get(table.fingerprint["backend"])
-        current = backend.fingerprint() if backend is not None and backend.available() else None
-        why = fingerprint_mismatch(table, current)
-        if why is not None:
-            msg = f"dispatch table {path} was tuned on another machine: {why}"
-            if s.strict:
-                raise TableError(f"{msg} ({_settings.STRICT}=1)")
-            warnings.warn(f"nki-autotune: ignoring {msg}; set {_settings.STRICT}=1 to make this an error",
-                          stacklevel=2)
-            continue
-        loaded.append(table)
+    loaded = [t for t in (load_table_checked(p, s) for p in s.tables) if t is not None]
     _state.tables = loaded
-    _state.cache.clear()
+    _new_generation()
     return loaded
+
+
+def _new_generation() -> None:
+    _state.generation = max(_state.generations.values(), default=_state.generation) + 1
+    _state.generations[_settings.settings().ident()] = _state.generation
+    _state.loaded[_state.generation] = _state.tables
 
 
 def tables() -> list[Table]:
@@ -110,7 +124,7 @@ def tables() -> list[Table]:
 def reload_settings(env: Mapping[str, str] | None = None) -> _settings.Settings:
     """Read the switches again (from ``env``, default ``os.environ``) and reload the tables.
 
-    Graphs compiled before keep the decisions they were traced with.
+    Compiled regions see the change at their next call: they guard on the settings in force.
     """
     new = _settings.read_settings(os.environ if env is None else env)
     check_switches(new)
@@ -123,6 +137,29 @@ def reload_settings(env: Mapping[str, str] | None = None) -> _settings.Settings:
         _state.tables = None
         raise
     return new
+
+
+@contextmanager
+def scope(**env: str) -> Iterator[_settings.Settings]:
+    """Run a block under other switches, e.g. ``scope(NKI_AUTOTUNE_KERNELS="off")``; restored after.
+
+    ``env`` holds ``NKI_AUTOTUNE_*`` variables that replace all of the process's ones. Entering the same
+    switches again reuses the graphs compiled under them (A/B comparisons in one process).
+    """
+    new = _settings.read_settings(env)
+    check_switches(new)
+    saved = (_settings.settings(), _state.tables, _state.generation)
+    _settings._set(new)
+    try:
+        gen = _state.generations.get(new.ident())
+        if gen is None:
+            load_tables()
+        else:
+            _state.tables, _state.generation = _state.loaded[gen], gen
+        yield new
+    finally:
+        _settings._set(saved[0])
+        _state.tables, _state.generation = saved[1], saved[2]
 
 
 # -- the decision ----------------------------------------------------------------------------------------------
@@ -208,9 +245,9 @@ def resolve(op: Op, specs: tuple[TensorSpec, ...], attrs: dict) -> Explanation:
 
 
 @torch.compiler.assume_constant_result
-def decide(op_name: str, raw: tuple, attrs: tuple, grad: bool) -> tuple[str, tuple[int, ...]] | None:
+def decide(op_name: str, raw: tuple, attrs: tuple, grad: bool, generation: int) -> tuple[str, tuple[int, ...]] | None:
     """The choice for one call: None (reference) or (impl, config values). Constant under tracing."""
-    k = (op_name, raw, attrs, grad)
+    k = (op_name, raw, attrs, grad, generation)
     exp = _state.cache.get(k)
     if exp is None:
         op = get_op(op_name)
@@ -229,7 +266,7 @@ def call(op: Op, tensors: tuple, attrs: tuple) -> Any:
     raw = _raw(tensors)
     if _state.recorder is not None and not torch.compiler.is_compiling():
         _state.recorder.log(op, tensors, attrs)
-    choice = decide(op.name, raw, attrs, torch.is_grad_enabled())
+    choice = decide(op.name, raw, attrs, torch.is_grad_enabled(), _state.generation)
     if choice is None:
         return op.reference(*tensors, *attrs)
     impl = op.impls[choice[0]]

@@ -43,6 +43,10 @@ class Settings:
     record: str | None = None
     """``NKI_AUTOTUNE_RECORD``: write a profile of this run here at exit."""
 
+    def ident(self) -> tuple:
+        """Hashable identity of the switches that steer dispatch."""
+        return self.kernels, tuple(sorted(self.per_op.items())), self.tables, self.strict
+
     def switch(self, op: str) -> tuple[str, str]:
         """The switch value that governs ``op`` and the variable it came from."""
         if op in self.per_op:

@@ -124,3 +124,19 @@ def test_inductor_runs_the_kernel_and_matches_the_reference(switches, write_tabl
     r.backward()
     assert abs(loss.item() - r.item()) <= 1e-4 * max(1.0, abs(r.item()))
     assert rel_err(x.grad, x64.grad) < 1e-5 and rel_err(w.grad, w64.grad) < 1e-5
+
+
+def test_scoped_switches_give_their_own_graphs_and_switching_back_reuses_them(switches, write_table):
+    from nki_autotune.registry import scope
+
+    switches(NKI_AUTOTUNE_TABLE=_table(write_table))
+    graphs = Graphs()
+    fn = torch.compile(block, backend=graphs, fullgraph=True, dynamic=False)
+    _run(fn, KERNEL_AT, steps=1)
+    with scope(NKI_AUTOTUNE_KERNELS="off"):
+        _run(fn, KERNEL_AT, steps=2)
+    _run(fn, KERNEL_AT, steps=1)
+    with scope(NKI_AUTOTUNE_KERNELS="off"):
+        _run(fn, KERNEL_AT, steps=1)
+    assert len(graphs.dynamo) == 2
+    assert [FWD in targets(g) for g in graphs.forward] == [True, False]
