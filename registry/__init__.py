@@ -15,6 +15,8 @@ from .dispatch import (
     tables,
 )
 from .ops import Impl, Op, get_op, ops, register_impl, register_op
+from .profile import Profile, ProfileError, Site, load_profile
+from .recorder import Recorder, autostart, record
 from .settings import Settings, SettingsError, settings, switch_variables
 from .specs import INFERENCE, MODES, TRAINING, Key, TensorSpec
 from .table import Entry, Table, TableError, load_table
@@ -25,5 +27,7 @@ __all__ = [
     "SettingsError", "TRAINING", "Table", "TableError", "TensorSpec", "backends", "call", "check_switches",
     "default_backend", "explain", "get_backend", "get_op", "load_table", "load_tables", "ops",
     "register_backend", "register_impl", "register_op", "reload_settings", "resolve", "scope", "settings",
-    "switch_variables", "tables",
+    "switch_variables", "tables", "Profile", "ProfileError", "Site", "load_profile", "Recorder", "record",
 ]
+
+autostart()

@@ -30,7 +30,11 @@ class Op:
     outputs: int = 1
     differentiable: tuple[str, ...] = ()
     """Tensor arguments that receive gradients (when floating point)."""
+    data_dependent: tuple[str, ...] = ()
+    """Tensor arguments whose values (not only shapes) set the cost, e.g. indices: recorded as samples."""
     make_inputs: Callable[..., tuple] | None = None
+    examples: tuple[tuple[tuple[tuple[int, ...], str], ...], ...] = ()
+    """Input (shape, dtype) lists that ``nki-autotune check`` runs every impl on."""
     """``make_inputs(key, generator, samples=None)`` -> tensors for benchmarks and numerics."""
     impls: dict[str, Impl] = field(default_factory=dict)
 

@@ -19,6 +19,7 @@ KERNEL_OP = "NKI_AUTOTUNE_KERNEL_"
 TABLE = "NKI_AUTOTUNE_TABLE"
 STRICT = "NKI_AUTOTUNE_STRICT"
 RECORD = "NKI_AUTOTUNE_RECORD"
+RECORD_SAMPLES = "NKI_AUTOTUNE_RECORD_SAMPLES"
 
 MODES = ("auto", "off", "on")
 _OFF = {"off", "0", "false", "no"}
@@ -42,6 +43,10 @@ class Settings:
     """``NKI_AUTOTUNE_STRICT``: a foreign fingerprint is an error, not a warning."""
     record: str | None = None
     """``NKI_AUTOTUNE_RECORD``: write a profile of this run here at exit."""
+    cache_dir: str = ""
+    """Where tuning studies live by default: ``$XDG_CACHE_HOME/nki-autotune`` (else ``~/.cache/nki-autotune``)."""
+    record_samples: bool = False
+    """``NKI_AUTOTUNE_RECORD_SAMPLES``: also save the real inputs of data-dependent ops (indices)."""
 
     def ident(self) -> tuple:
         """Hashable identity of the switches that steer dispatch."""
@@ -97,6 +102,8 @@ def read_settings(env: Mapping[str, str]) -> Settings:
         tables=tables,
         strict=_flag(STRICT, env.get(STRICT, "")),
         record=record,
+        record_samples=_flag(RECORD_SAMPLES, env.get(RECORD_SAMPLES, "")),
+        cache_dir=os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nki-autotune"),
     )
 
 

@@ -112,17 +112,17 @@ class Fields:
             raise self.fail(field, f"unknown dtype {value!r}; allowed: {', '.join(allowed)}")
         return value
 
-    def attrs(self, field: str, types: dict[str, type]) -> dict[str, Any]:
-        """The op's attributes, each present and of its type (ints are accepted for floats)."""
+    def attrs(self, field: str, types: dict[str, type], defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The op's attributes, each present (or defaulted) and of its type (ints are accepted for floats)."""
         raw = self.get(field, dict, default={})
         extra = sorted(set(raw) - set(types))
         if extra:
             raise self.fail(f"{field}.{extra[0]}", f"not an attribute of this op; it has: {', '.join(types) or 'none'}")
         out = {}
         for name, t in types.items():
-            if name not in raw:
+            if name not in raw and name not in (defaults or {}):
                 raise self.fail(f"{field}.{name}", "missing")
-            v = raw[name]
+            v = raw[name] if name in raw else defaults[name]
             if t is float and isinstance(v, str):
                 try:
                     v = float(v)

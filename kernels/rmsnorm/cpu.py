@@ -1,7 +1,7 @@
 """RMSNorm on the CPU: numba kernels, parallel over rows.
 
-Forward: one task per block of rows; each row is read twice (sum of squares in
-float64, then the scaled write), so a row stays in cache between the passes.
+Forward: one task per block of rows; each row is read twice (a vectorised sum of
+squares, then the scaled write), so a row stays in cache between the passes.
 Backward: each task writes its rows of dx and accumulates its own partial dweight
 row; a second parallel pass sums the partials by column. ``rows_per_task`` trades
 parallelism against the size of that partial buffer; ``threads=1`` skips the
@@ -25,14 +25,14 @@ _COLS = 256  # columns per task of the dweight reduction
 def _forward_body(x, w, eps, rows, y, rstd):
     n, d = x.shape
     tasks = (n + rows - 1) // rows
+    inv_d = np.float32(1.0 / d)
     for t in prange(tasks):
         r1 = min(n, (t + 1) * rows)
         for r in range(t * rows, r1):
-            acc = 0.0
+            acc = np.float32(0.0)  # fastmath: a vectorised sum, several partial sums in flight
             for j in range(d):
-                v = np.float64(x[r, j])
-                acc += v * v
-            s = np.float32(1.0 / np.sqrt(acc / d + eps))
+                acc += x[r, j] * x[r, j]
+            s = np.float32(1.0) / np.sqrt(acc * inv_d + np.float32(eps))
             rstd[r] = s
             for j in range(d):
                 y[r, j] = x[r, j] * s * w[j]
@@ -41,6 +41,7 @@ def _forward_body(x, w, eps, rows, y, rstd):
 def _backward_body(dy, x, w, rstd, rows, dx, partial):
     n, d = x.shape
     tasks = partial.shape[0]
+    inv_d = np.float32(1.0 / d)
     for t in prange(tasks):
         p = partial[t]
         for j in range(d):
@@ -48,10 +49,10 @@ def _backward_body(dy, x, w, rstd, rows, dx, partial):
         r1 = min(n, (t + 1) * rows)
         for r in range(t * rows, r1):
             s = rstd[r]
-            acc = 0.0
+            acc = np.float32(0.0)
             for j in range(d):
-                acc += np.float64(dy[r, j] * w[j]) * x[r, j]
-            c = np.float32(acc * s * s * s / d)
+                acc += dy[r, j] * w[j] * x[r, j]
+            c = acc * s * s * s * inv_d
             for j in range(d):
                 g = dy[r, j]
                 dx[r, j] = s * (g * w[j]) - c * x[r, j]
@@ -77,32 +78,30 @@ _backward = kernel(_backward_body)
 _column_sum = kernel(_column_sum_body)
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    return x.detach().reshape(-1, x.shape[-1])
-
-
 def forward(tensors: tuple, attrs: dict, config: dict) -> tuple[torch.Tensor, torch.Tensor]:
     x, w = tensors
+    d = x.shape[-1]
     y = torch.empty(x.shape, dtype=x.dtype)
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32)
-    rows = max(1, x.numel() // x.shape[-1])
-    launch(_forward, config["threads"], array(_rows(x)), array(w), attrs["eps"],
-           max(1, -(-rows // config["threads"])), array(_rows(y)), array(rstd.reshape(-1)))
+    xa = array(x).reshape(-1, d)  # a view: supports() admits only collapsible leading dims
+    threads = config["threads"]
+    launch(_forward, threads, xa, array(w), attrs["eps"], -(-xa.shape[0] // threads),
+           y.numpy().reshape(-1, d), rstd.numpy().reshape(-1))
     return y, rstd
 
 
 def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: dict) -> tuple:
     (dy,), (x, w), (_, rstd) = grads, tensors, results
     d = x.shape[-1]
-    n = max(1, x.numel() // d)
+    xa = array(x).reshape(-1, d)
     rows = config["rows_per_task"]
-    partial = np.empty((-(-n // rows), d), np.float64)
+    partial = torch.empty((-(-xa.shape[0] // rows), d)).numpy()  # torch's allocator reuses freed pages
     dx = torch.empty(x.shape, dtype=x.dtype)
     dw = torch.empty(d, dtype=w.dtype)
     threads = config["threads"]
-    launch(_backward, threads, array(_rows(dy)), array(_rows(x)), array(w), array(rstd.reshape(-1)), rows,
-           array(_rows(dx)), partial)
-    launch(_column_sum, threads if d > _COLS else 1, partial, array(dw))
+    launch(_backward, threads, array(dy).reshape(-1, d), xa, array(w), array(rstd).reshape(-1), rows,
+           dx.numpy().reshape(-1, d), partial)
+    launch(_column_sum, threads if d > _COLS else 1, partial, dw.numpy())
     return dx, dw
 
 

@@ -26,4 +26,9 @@ RMSNORM = register_op(Op(
     defaults={"eps": 1e-6},
     differentiable=("x", "weight"),
     make_inputs=make_inputs,
+    examples=(
+        (((1, 7), "float32"), ((7,), "float32")),
+        (((33, 129), "float32"), ((129,), "float32")),
+        (((2, 64, 256), "float32"), ((256,), "float32")),
+    ),
 ))

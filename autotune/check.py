@@ -1,0 +1,59 @@
+"""``nki-autotune check``: the numerics of every impl on its op's example inputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..registry import Impl, Key, backends, ops
+from .numerics import Numerics, check_impl
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    impl: str
+    key: Key
+    result: Numerics | None
+    skipped: str = ""
+    error: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.result is not None and self.result.ok and not self.error
+
+
+def _runnable(impl: Impl) -> str | None:
+    b = backends().get(impl.backend)
+    if b is None:
+        return f"unknown backend {impl.backend}"
+    return b.why_unavailable()
+
+
+def check_all(names: tuple[str, ...] | None = None, seed: int = 0) -> list[CheckRow]:
+    rows = []
+    gen = torch.Generator().manual_seed(seed)
+    for op in ops().values():
+        if names is not None and op.name not in names:
+            continue
+        attrs = tuple(sorted(op.defaults.items()))
+        for impl in op.impls.values():
+            why = _runnable(impl)
+            for inputs in op.examples:
+                for mode in ("inference", "training") if op.differentiable else ("inference",):
+                    key = Key(op.name, mode, inputs, attrs)
+                    if why is not None:
+                        rows.append(CheckRow(impl.qualname, key, None, skipped=why))
+                        continue
+                    declined = impl.supports(key.specs(), key.attr_dict)
+                    configs = impl.configs(key, mode)
+                    if declined or not configs:
+                        rows.append(CheckRow(impl.qualname, key, None, skipped=declined or "no config admitted"))
+                        continue
+                    cfg = dict(impl.default) if impl.default in configs else configs[0]
+                    try:
+                        res = check_impl(impl, key, cfg, gen, backends()[impl.backend].device)
+                        rows.append(CheckRow(impl.qualname, key, res))
+                    except Exception as e:
+                        rows.append(CheckRow(impl.qualname, key, None, error=f"{type(e).__name__}: {e}"))
+    return rows

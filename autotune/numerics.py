@@ -1,0 +1,98 @@
+"""Numerics gate (DESIGN §6.3): a candidate against the float64 reference, outputs and gradients."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from ..registry import Impl, Key, Op
+
+TOLERANCE = {"float32": 1e-5, "float64": 1e-5, "bfloat16": 1e-2, "float16": 1e-3}
+
+
+def tolerance(key: Key) -> float:
+    """The loosest dtype among the float inputs sets the bar (float32 when there is none)."""
+    tols = [TOLERANCE[d] for _, d in key.inputs if d in TOLERANCE]
+    return max(tols, default=TOLERANCE["float32"])
+
+
+@dataclass(frozen=True)
+class Numerics:
+    rel_err: float
+    tolerance: float
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.rel_err == self.rel_err and self.rel_err <= self.tolerance  # NaN never passes
+
+
+@contextmanager
+def poisoned():
+    """New allocations come filled with NaN (floats) or the max value (ints): unwritten output shows."""
+    was_det = torch.are_deterministic_algorithms_enabled()
+    was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    was_fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was_det, warn_only=was_warn)
+        torch.utils.deterministic.fill_uninitialized_memory = was_fill
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    got = got.detach().to("cpu", torch.float64)
+    if not torch.isfinite(got).all():
+        return float("nan")
+    denom = ref.norm().item()
+    diff = (got - ref).norm().item()
+    return diff / denom if denom > 0 else diff
+
+
+def _outputs(out) -> tuple:
+    return out if isinstance(out, tuple) else (out,)
+
+
+def compare(op: Op, key: Key, fn: Callable[..., tuple], gen: torch.Generator, device: str = "cpu",
+            samples: dict | None = None) -> Numerics:
+    """Run ``fn`` (the candidate: tensors -> outputs) and the float64 reference on the same fresh inputs."""
+    inputs = op.make_inputs(key, gen, samples)
+    training = key.mode == "training"
+    diff = [i for i, n in enumerate(op.tensors)
+            if training and n in op.differentiable and inputs[i].is_floating_point()]
+    attrs = tuple(key.attr_dict[a] for a in op.attrs)
+
+    ref_in = [t.detach().double().requires_grad_(i in diff) if t.is_floating_point() else t.detach()
+              for i, t in enumerate(inputs)]
+    ref_out = _outputs(op.reference(*ref_in, *attrs))
+    grad_gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    seeds = [torch.randn(o.shape, generator=grad_gen, dtype=torch.float64) for o in ref_out]
+    ref_grads = torch.autograd.grad(ref_out, [ref_in[i] for i in diff], seeds) if diff else ()
+
+    cand_in = [t.detach().to(device).requires_grad_(i in diff) for i, t in enumerate(inputs)]
+    with poisoned():
+        out = fn(*cand_in)
+        grads = torch.autograd.grad(out, [cand_in[i] for i in diff],
+                                    [s.to(device, o.dtype) for s, o in zip(seeds, out)]) if diff else ()
+    errs = [(f"output {i}", rel_err(o, r.detach())) for i, (o, r) in enumerate(zip(out, ref_out))]
+    errs += [(f"grad {op.tensors[i]}", rel_err(g, r)) for i, g, r in zip(diff, grads, ref_grads)]
+    worst_name, worst = max(errs, key=lambda e: float("inf") if e[1] != e[1] else e[1])
+    return Numerics(worst, tolerance(key), f"worst: {worst_name}" if errs else "")
+
+
+def check_impl(impl: Impl, key: Key, config: dict, gen: torch.Generator, device: str = "cpu",
+               samples: dict | None = None) -> Numerics:
+    """The numerics of one impl at one config, called through its custom op."""
+    op, attrs, cfg = impl.op, tuple(key.attr_dict[a] for a in impl.op.attrs), impl.config_values(config)
+    n_res = op.outputs + impl.saved
+
+    def fn(*ts):
+        out = impl.fwd_op(*ts, *attrs, *cfg)
+        return (out,) if n_res == 1 else tuple(out[:op.outputs])
+
+    return compare(op, key, fn, gen, device, samples)

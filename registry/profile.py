@@ -1,0 +1,149 @@
+"""Profiles (DESIGN §5): the call sites of a real run, which the autotuner turns into keys."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import yamlio
+from .ops import Op
+from .specs import DTYPES, INFERENCE, MODES, TRAINING, Key, TensorSpec
+from .yamlio import Fields, FlowDict, FormatError
+
+VERSION = 1
+_SITE = ("op", "site", "inputs", "attrs", "calls", "samples")
+_INPUT = ("shape", "dtype", "requires_grad")
+
+
+class ProfileError(FormatError):
+    """A profile is malformed; the message names the file, site and field."""
+
+
+@dataclass
+class Site:
+    op: str
+    inputs: tuple[TensorSpec, ...]
+    attrs: dict[str, Any]
+    site: str | None = None
+    calls: int = 1
+    samples: str | None = None
+    """Captured real inputs (a torch.save'd dict of tensors), relative to the profile."""
+
+    def label(self) -> str:
+        return self.site or self.op
+
+    def to_yaml(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": self.op}
+        if self.site:
+            out["site"] = self.site
+        out["inputs"] = [FlowDict(shape=list(s.shape), dtype=s.dtype, requires_grad=s.requires_grad)
+                         for s in self.inputs]
+        out["attrs"] = FlowDict(self.attrs)
+        out["calls"] = self.calls
+        if self.samples:
+            out["samples"] = self.samples
+        return out
+
+
+@dataclass
+class Profile:
+    sites: list[Site] = field(default_factory=list)
+    path: str | None = None
+
+    def to_yaml(self) -> str:
+        return yamlio.dump({"version": VERSION, "sites": [s.to_yaml() for s in self.sites]})
+
+    def save(self, path: str | os.PathLike) -> None:
+        yamlio.atomic_write_text(path, self.to_yaml())
+        self.path = str(path)
+
+    def samples_path(self, site: Site) -> Path | None:
+        if not site.samples:
+            return None
+        base = Path(self.path).parent if self.path else Path.cwd()
+        return base / site.samples
+
+    def keys(self, ops: Mapping[str, Op], mode: str | None = None) -> dict[Key, list[Site]]:
+        """Unique keys in first-seen order, each with the sites that share it.
+
+        A site's mode is training when a differentiable input requires grad; ``mode`` ("training",
+        "inference" or "both") overrides. Ops with no differentiable input are always inference.
+        """
+        out: dict[Key, list[Site]] = {}
+        for s in self.sites:
+            op = ops[s.op]
+            if mode is None:
+                modes = [op.mode_of(s.inputs)]
+            else:
+                modes = [TRAINING, INFERENCE] if mode == "both" else [mode]
+            for m in modes:
+                if m == TRAINING and not any(op.tensors[i] in op.differentiable and spec.is_float
+                                             for i, spec in enumerate(s.inputs)):
+                    m = INFERENCE
+                out.setdefault(Key.of(s.op, m, s.inputs, s.attrs), []).append(s)
+        return out
+
+
+def _fail(e: FormatError) -> ProfileError:
+    return ProfileError(str(e))
+
+
+def parse_profile(data: Any, path: str, ops: Mapping[str, Op]) -> Profile:
+    try:
+        top = Fields(data, path)
+        top.unknown(("version", "sites"))
+        version = top.get("version", int)
+        if version != VERSION:
+            raise top.fail("version", f"unsupported version {version}; this nki-autotune reads version {VERSION}")
+        sites = [_parse_site(raw, path, i, ops) for i, raw in enumerate(top.get("sites", list))]
+    except ProfileError:
+        raise
+    except FormatError as e:
+        raise _fail(e) from None
+    return Profile(sites, path)
+
+
+def _parse_site(raw: Any, path: str, i: int, ops: Mapping[str, Op]) -> Site:
+    f = Fields(raw, f"{path}: sites[{i}]")
+    name = f.get("op", str)
+    label = f.get("site", str, default=None)
+    f.where = f"{path}: sites[{i}] ({label or name})"
+    if name not in ops:
+        raise f.fail("op", f"unknown op {name!r}; known ops: {', '.join(sorted(ops)) or 'none'}")
+    op = ops[name]
+    f.unknown(_SITE)
+    raw_inputs = f.get("inputs", list)
+    if len(raw_inputs) != len(op.tensors):
+        raise f.fail("inputs", f"{name} takes {len(op.tensors)} tensors ({', '.join(op.tensors)}), "
+                               f"got {len(raw_inputs)}")
+    specs = []
+    for j, item in enumerate(raw_inputs):
+        g = Fields(item, f"{f.where}: field 'inputs[{j}]'")
+        g.unknown(_INPUT)
+        specs.append(TensorSpec(
+            shape=g.shape(g.get("shape", list), "shape"),
+            dtype=g.dtype(g.get("dtype", str), "dtype", DTYPES),
+            requires_grad=g.get("requires_grad", bool, default=False),
+        ))
+    attrs = f.attrs("attrs", dict(op.attrs), dict(op.defaults))
+    calls = f.get("calls", int, default=1)
+    if calls < 1:
+        raise f.fail("calls", f"must be at least 1, got {calls}")
+    samples = f.get("samples", str, default=None)
+    if samples is not None and not (Path(path).parent / samples).is_file():
+        raise f.fail("samples", f"no such file {samples!r} beside the profile")
+    return Site(name, tuple(specs), attrs, label, calls, samples)
+
+
+def load_profile(path: str | os.PathLike, ops: Mapping[str, Op]) -> Profile:
+    try:
+        data = yamlio.load(path, "profile")
+    except FormatError as e:
+        raise _fail(e) from None
+    return parse_profile(data, str(path), ops)
+
+
+__all__ = ["MODES", "Profile", "ProfileError", "Site", "load_profile", "parse_profile"]

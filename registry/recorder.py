@@ -1,0 +1,149 @@
+"""Recording a profile of a real run: every call of a pack op, by call site.
+
+A site is labelled by the innermost ``nn.Module`` running (its qualified name in the
+outermost one), else by the caller's file:line. While recording, ``torch.compile``
+regions run eagerly (``set_stance("force_eager")``) so that every call is seen
+with its module; shapes, dtypes and call counts are those of the compiled run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import settings as _settings
+from .dispatch import _state
+from .ops import Op, get_op
+from .profile import Profile, Site
+from .specs import TensorSpec
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
+
+
+class Recorder:
+    def __init__(self, path: str | os.PathLike, samples: bool = False):
+        self.path = Path(path)
+        self.samples = samples
+        self.counts: Counter[tuple] = Counter()
+        self.captured: dict[tuple, dict[str, torch.Tensor]] = {}
+        self.explicit_steps = 0
+        self.root_calls: Counter[int] = Counter()
+        self._stack: list[torch.nn.Module] = []
+        self._names: dict[int, str] = {}
+        self._hooks: list[Any] = []
+
+    # -- module stack -------------------------------------------------------------------------------------
+    def _pre(self, module, args):
+        if not self._stack:
+            self.root_calls[id(module)] += 1
+            if id(module) not in self._names:
+                root = type(getattr(module, "_orig_mod", module)).__name__
+                self._names.update({id(m): (n.replace("_orig_mod.", "").removeprefix("_orig_mod") or root)
+                                    for n, m in module.named_modules()})
+        self._stack.append(module)
+
+    def _post(self, module, args, output):
+        while self._stack:
+            if self._stack.pop() is module:
+                break
+
+    def start(self) -> None:
+        from torch.nn.modules import module as m
+
+        self._hooks = [m.register_module_forward_pre_hook(self._pre), m.register_module_forward_hook(self._post)]
+        # torch warns that global hooks also fire for the torch.compile wrapper; the stack above allows for it.
+        warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
+        self._stance = torch.compiler.set_stance("force_eager")
+        self._stance.__enter__()
+        _state.recorder = self
+
+    def stop(self) -> None:
+        if _state.recorder is self:
+            _state.recorder = None
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if getattr(self, "_stance", None) is not None:
+            self._stance.__exit__(None, None, None)
+            self._stance = None
+
+    # -- calls --------------------------------------------------------------------------------------------
+    def step(self) -> None:
+        """Mark the end of one training step (otherwise steps are counted as calls of the outermost module)."""
+        self.explicit_steps += 1
+
+    def _site(self) -> str:
+        if self._stack:
+            return self._names.get(id(self._stack[-1]), type(self._stack[-1]).__name__)
+        frame = sys._getframe(2)
+        while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            frame = frame.f_back
+        if frame is None:
+            return "unknown"
+        return f"{os.path.relpath(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+    def log(self, op: Op, tensors: tuple, attrs: tuple) -> None:
+        specs = tuple(
+            TensorSpec(tuple(t.shape), str(t.dtype).removeprefix("torch."), requires_grad=t.requires_grad)
+            for t in tensors
+        )
+        k = (op.name, self._site(), specs, attrs)
+        self.counts[k] += 1
+        if self.samples and op.data_dependent and k not in self.captured:
+            self.captured[k] = {n: t.detach().cpu().clone() for n, t in zip(op.tensors, tensors)}
+
+    # -- output -------------------------------------------------------------------------------------------
+    def profile(self) -> Profile:
+        steps = self.explicit_steps or max(self.root_calls.values(), default=1)
+        sites, sample_dir = [], self.path.parent / (self.path.stem + ".samples")
+        for i, ((name, label, specs, attrs), n) in enumerate(self.counts.items()):
+            site = Site(name, specs, get_op(name).attr_dict(attrs), label, max(1, round(n / steps)))
+            if (name, label, specs, attrs) in self.captured:
+                sample_dir.mkdir(parents=True, exist_ok=True)
+                rel = f"{sample_dir.name}/{i:04d}.pt"
+                torch.save(self.captured[(name, label, specs, attrs)], self.path.parent / rel)
+                site.samples = rel
+            sites.append(site)
+        return Profile(sites)
+
+    def write(self) -> Profile:
+        profile = self.profile()
+        profile.save(self.path)
+        return profile
+
+
+@contextmanager
+def record(path: str | os.PathLike, samples: bool = False) -> Iterator[Recorder]:
+    """Record every pack call in the block; the profile is written to ``path`` when it ends."""
+    rec = Recorder(path, samples)
+    rec.start()
+    try:
+        yield rec
+    finally:
+        rec.stop()
+        rec.write()
+
+
+def autostart() -> Recorder | None:
+    """Honour ``NKI_AUTOTUNE_RECORD``: record the whole process, write the profile at exit."""
+    s = _settings.settings()
+    if not s.record or _state.recorder is not None:
+        return None
+    rec = Recorder(s.record, samples=s.record_samples)
+    rec.start()
+
+    def finish() -> None:
+        rec.stop()
+        rec.write()
+
+    atexit.register(finish)
+    return rec
