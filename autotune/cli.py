@@ -307,17 +307,19 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(highlight=False)
     if not console.is_terminal:  # logs and CI: wide enough that tables do not fold
         console = Console(highlight=False, width=180)
-    err = Console(stderr=True, highlight=False)
+
+    def err(msg: str) -> None:
+        print(f"nki-autotune {args.cmd}: {msg}", file=sys.stderr)
     try:
         return args.fn(args, console)
     except (UsageError, FormatError, SettingsError) as e:
-        err.print(f"nki-autotune {args.cmd}: error: {e}", markup=False)
+        err(f"error: {e}")
         return 2
     except KeyboardInterrupt:
-        err.print(f"nki-autotune {args.cmd}: interrupted; finished trials are kept in storage", markup=False)
+        err("interrupted; finished trials are kept in storage")
         return 130
     except Exception as e:
-        err.print(f"nki-autotune {args.cmd}: failed: {type(e).__name__}: {e}", markup=False)
+        err(f"failed: {type(e).__name__}: {e}")
         return 1
 
 

@@ -31,15 +31,15 @@ def decide(key: Key, candidates: list[Candidate], threshold: float, sites: list[
         return Entry(key, None, sites=sites, measured=worst.measured,
                      reason=f"no config of {', '.join(c.impl for c in candidates)} passed numerics "
                             f"(best error {_err(worst.measured.get('rel_err'))} above "
-                            f"{_err(worst.measured.get('tolerance'))})")
+                            f"{worst.measured.get('tolerance') or 0:.0e})")
     best = max(correct, key=lambda c: c.measured["speedup"])
     m = best.measured
     lo, hi = m["ci95"]
     ci = f"95% CI {lo:.2f}-{hi:.2f}"
-    err = f"error {_err(m['rel_err'])} within {_err(m['tolerance'])}"
+    err = f"error {_err(m['rel_err'])} within {m['tolerance']:.0e}"
     if m["speedup"] >= threshold and lo > 1.0:
         return Entry(key, best.impl, dict(best.config), sites, sources.get(best.impl), m,
-                     f"{best.impl} faster {m['speedup']:.2f}x ({ci}), {err}")
+                     f"faster {m['speedup']:.2f}x ({ci}), {err}")
     if m["speedup"] < threshold:
         why = f"best kernel {best.impl} {m['speedup']:.2f}x ({ci}) is below the threshold {threshold:.2f}x"
     else:

@@ -16,6 +16,8 @@ from typing import Any
 
 import optuna
 from optuna.distributions import CategoricalDistribution
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState, create_trial
 
 from ..registry import Impl, Key, settings
@@ -34,10 +36,11 @@ def open_storage(url: str | None) -> Any:
     """An Optuna storage from a URL: any RDB URL, or ``journal:///path`` for a journal file."""
     url = url or default_storage()
     if url.startswith("journal:"):
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
-
-        return JournalStorage(JournalFileBackend(url.split(":", 1)[1].removeprefix("//")))
+        path = url.split(":", 1)[1].removeprefix("//")
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        return JournalStorage(JournalFileBackend(path))
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        os.makedirs(os.path.dirname(os.path.abspath(url.removeprefix("sqlite:///"))), exist_ok=True)
     return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}}
                                       if url.startswith("sqlite") else {})
 

@@ -37,6 +37,7 @@ class Runner:
     name: str
     step: Callable[[int], None]
     compile_s: float = 0.0
+    config: dict[str, int] | None = None
 
 
 @dataclass
@@ -138,7 +139,9 @@ class Workload:
             out = fwd(*ts, *attrs, *cfg)
             return (out,) if n_res == 1 else tuple(out[:n_out])
 
-        return self.runner(impl.name, body)
+        runner = self.runner(impl.name, body)
+        runner.config = dict(config)
+        return runner
 
     def empty(self) -> Runner:
         """The same kind of region with next to no work: its time is the fixed region cost."""

@@ -61,7 +61,7 @@ def main() -> None:
     trainer = Trainer()
     envs = variants(args.table)
     print(f"A/B/C of one training step ({trainer.cfg}), {args.rounds} interleaved rounds")
-    for name, env in envs.items():  # compile each variant's graphs before timing
+    for env in envs.values():  # compile each variant's graphs before timing
         with scope(**env):
             for _ in range(args.warmup):
                 trainer.step()

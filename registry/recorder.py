@@ -26,8 +26,6 @@ from .ops import Op, get_op
 from .profile import Profile, Site
 from .specs import TensorSpec
 
-_PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
-
 
 class Recorder:
     def __init__(self, path: str | os.PathLike, samples: bool = False):
@@ -85,7 +83,7 @@ class Recorder:
         if self._stack:
             return self._names.get(id(self._stack[-1]), type(self._stack[-1]).__name__)
         frame = sys._getframe(2)
-        while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        while frame is not None and frame.f_globals.get("__name__", "").startswith("nki_autotune."):
             frame = frame.f_back
         if frame is None:
             return "unknown"

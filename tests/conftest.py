@@ -9,9 +9,10 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().pa
 for _var in [v for v in os.environ if v.startswith("NKI_AUTOTUNE_")]:
     del os.environ[_var]
 
-import nki_autotune.kernels  # noqa: E402, F401
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+import nki_autotune.kernels  # noqa: E402, F401
 from nki_autotune.registry import Entry, Key, Table, get_backend, reload_settings  # noqa: E402
 
 

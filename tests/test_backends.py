@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import torch
+
 from nki_autotune.registry import backends, default_backend, get_backend
 
 
@@ -33,9 +34,9 @@ def test_neuron_backend_reports_unavailable_with_a_reason():
 
 
 def test_console_script_prints_version_and_help():
-    out = subprocess.run([sys.executable, "-m", "nki_autotune.autotune.cli", "--version"],
+    out = subprocess.run([sys.executable, "-m", "nki_autotune.autotune", "--version"],
                          capture_output=True, text=True, check=True).stdout
     assert out.startswith("nki-autotune ")
-    out = subprocess.run([sys.executable, "-m", "nki_autotune.autotune.cli", "--help"],
+    out = subprocess.run([sys.executable, "-m", "nki_autotune.autotune", "--help"],
                          capture_output=True, text=True, check=True).stdout
     assert "usage: nki-autotune" in out

@@ -3,13 +3,14 @@ impl's custom op in the graph exactly where the table or a switch puts it."""
 
 from __future__ import annotations
 
-import nki_autotune.kernels as nk
 import pytest
 import torch
-from nki_autotune.registry import Entry
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.utils import counters
 from torch._functorch.aot_autograd import make_boxed_func
+
+import nki_autotune.kernels as nk
+from nki_autotune.registry import Entry
 
 from .conftest import rmsnorm_key
 from .helpers import rel_err

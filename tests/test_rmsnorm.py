@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import nki_autotune.kernels as nk
 import pytest
 import torch
+
+import nki_autotune.kernels as nk
 from nki_autotune.kernels.rmsnorm.op import RMSNORM, reference
 from nki_autotune.registry import explain
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import nki_autotune.kernels as nk
 import pytest
 import torch
+
+import nki_autotune.kernels as nk
 from nki_autotune.registry import Entry, SettingsError, explain, reload_settings, settings
 from nki_autotune.registry.settings import read_settings
 

@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 import yaml
+
 from nki_autotune.registry import Entry, Table, TableError, explain, get_backend, load_table, ops, reload_settings
 
 from .conftest import rmsnorm_key

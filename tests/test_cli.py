@@ -1,0 +1,113 @@
+"""The nki-autotune command: each subcommand, its output and its exit codes (0 ok, 1 failed work, 2 bad input)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import yaml
+
+from nki_autotune.registry import load_table, ops
+
+from .test_profile import GOOD
+
+
+def cli(*args, cwd=None, env=None):
+    full_env = {**os.environ, **(env or {})}
+    full_env = {k: v for k, v in full_env.items() if not k.startswith("NKI_AUTOTUNE_") or k in (env or {})}
+    return subprocess.run([sys.executable, "-m", "nki_autotune.autotune", *args], capture_output=True, text=True,
+                          cwd=cwd, env=full_env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    prof = d / "profile.yaml"
+    prof.write_text(yaml.safe_dump({"version": 1, "sites": [
+        {**GOOD, "site": "m.a"},
+        {**GOOD, "site": "m.b", "inputs": [{"shape": [4, 8], "dtype": "float64"}, {"shape": [8], "dtype": "float64"}]},
+    ]}))
+    out = d / "dispatch.yaml"
+    r = cli("run", str(prof), "-o", str(out), "--trials", "2", "--rounds", "3", "--final-rounds", "5",
+            "--storage", f"sqlite:///{d}/s.db")
+    return d, prof, out, r
+
+
+def test_run_writes_a_table_and_a_summary(tuned):
+    d, prof, out, r = tuned
+    assert r.returncode == 0, r.stderr
+    assert "dispatch table" in r.stdout and "speedup" in r.stdout and "wrote" in r.stdout
+    table = load_table(out, ops())
+    assert len(table.entries) == 2
+    f64 = [e for e in table.entries if e.key.inputs[0][1] == "float64"][0]
+    assert f64.impl is None and "declines" in f64.reason
+    r2 = cli("run", str(prof), "-o", str(d / "again.yaml"), "--trials", "2", "--storage", f"sqlite:///{d}/s.db")
+    assert r2.returncode == 0 and "nothing measured" in r2.stdout
+    assert [(e.impl, e.config) for e in load_table(d / "again.yaml", ops()).entries] == \
+        [(e.impl, e.config) for e in table.entries]
+
+
+def test_show_and_diff(tuned):
+    d, _, out, _ = tuned
+    r = cli("show", str(out))
+    assert r.returncode == 0 and "fingerprint: backend=cpu" in r.stdout and "declines" in r.stdout
+    other = yaml.safe_load(out.read_text())
+    other["entries"][0]["choice"] = {"impl": "cpu_rows", "config": {"threads": 1, "rows_per_task": 4}} \
+        if other["entries"][0]["choice"] == "compiler" else "compiler"
+    (d / "other.yaml").write_text(yaml.safe_dump(other))
+    r = cli("diff", str(out), str(d / "other.yaml"))
+    assert r.returncode == 0 and "1 decision(s) changed" in r.stdout
+
+
+def test_list_shows_ops_backends_and_switches():
+    r = cli("list", env={"NKI_AUTOTUNE_KERNEL_RMSNORM": "off"})
+    assert r.returncode == 0
+    assert "cpu_rows" in r.stdout and "rows_per_task" in r.stdout
+    assert "neuron" in r.stdout and "unavailable" in r.stdout
+    assert "NKI_AUTOTUNE_KERNEL_RMSNORM" in r.stdout and "off" in r.stdout
+
+
+def test_check_passes():
+    r = cli("check")
+    assert r.returncode == 0, r.stdout
+    assert "rmsnorm.cpu_rows" in r.stdout and "FAIL" not in r.stdout and " 0 failed" in r.stdout
+
+
+def test_record_runs_a_command_and_writes_its_profile(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        import nki_autotune.kernels as nk
+        nk.rmsnorm(torch.randn(2, 16), torch.ones(16))
+    """))
+    r = cli("record", "-o", str(tmp_path / "p.yaml"), "--", sys.executable, str(script), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "1 call sites, 1 unique keys" in r.stdout
+    r = cli("record", "-o", str(tmp_path / "q.yaml"), "--", sys.executable, "-c", "pass")
+    assert r.returncode == 1 and "no profile was written" in r.stdout
+    r = cli("record", "-o", str(tmp_path / "q.yaml"), "--", sys.executable, "-c", "raise SystemExit(3)")
+    assert r.returncode == 1 and "exited with code 3" in r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "missing.yaml", "-o", "t.yaml"], "missing.yaml: cannot read profile"),
+    (["run", "bad.yaml", "-o", "t.yaml"], "sites[0] (m.n): field 'op': unknown op 'layernorm'"),
+    (["run", "good.yaml", "-o", "t.yaml", "--ops", "layernorm"], "--ops names unknown op(s) layernorm"),
+    (["run", "good.yaml", "-o", "t.yaml", "--backend", "neuron"], "backend neuron is not available here"),
+    (["show", "bad.yaml"], "bad.yaml: field 'sites': unknown field"),
+    (["record", "-o", "p.yaml"], "record needs a command"),
+])
+def test_bad_input_exits_2_with_a_message(tmp_path, args, message):
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"version": 1, "sites": [{**GOOD, "op": "layernorm"}]}))
+    (tmp_path / "good.yaml").write_text(yaml.safe_dump({"version": 1, "sites": [GOOD]}))
+    r = cli(*args, cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_switch_value_exits_2():
+    r = cli("list", env={"NKI_AUTOTUNE_KERNELS": "sometimes"})
+    assert r.returncode == 2 and "NKI_AUTOTUNE_KERNELS='sometimes'" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,204 @@
+"""The autotuner's logic, with an injected clock (and an eager 'compiler' so nothing is compiled)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nki_autotune.autotune.search import Search, open_storage
+from nki_autotune.autotune.timing import Clock
+from nki_autotune.autotune.tuner import Options, Tuner
+from nki_autotune.registry import Key, Profile, Site, TensorSpec, get_backend, get_op
+from nki_autotune.registry.cpu import CpuBackend
+
+IMPL = get_op("rmsnorm").impls["cpu_rows"]
+
+
+class EagerCpu(CpuBackend):
+    """The cpu backend with torch.compile replaced by eager calls: the tuner's logic without compile time."""
+
+    def compile(self, fn):
+        return fn
+
+
+class FakeClock(Clock):
+    """Time of one region step from a formula of the runner: the tuner's decisions become predictable."""
+
+    def __init__(self, kernel_us, compiler_us=100.0, empty_us=10.0):
+        super().__init__(sync=lambda: None)
+        self.kernel_us, self.compiler_us, self.empty_us = kernel_us, compiler_us, empty_us
+        self.calls = 0
+
+    def time(self, runner, i):
+        self.calls += 1
+        runner.step(i)  # still run it: failures must surface as they would
+        if runner.name == "empty":
+            us = self.empty_us
+        elif runner.name == "compiler":
+            us = self.compiler_us
+        else:
+            us = self.kernel_us(runner.config)
+        return (us + 0.5 * ((i * 7919) % 5)) * 1e-6
+
+
+def site(shape=(64, 128), dtype="float32", grad=True, label="model.norm"):
+    specs = (TensorSpec(shape, dtype, requires_grad=grad), TensorSpec(shape[-1:], dtype, requires_grad=grad))
+    return Site("rmsnorm", specs, {"eps": 1e-6}, label)
+
+
+def tuner(tmp_path, clock, trials=20, **kw):
+    be = EagerCpu()
+    search = Search(open_storage(f"sqlite:///{tmp_path}/studies.db"), be.fingerprint(), trials=trials)
+    return Tuner(be, search, Options(trials=trials, search_rounds=5, final_rounds=12, sets=2, **kw), clock=clock)
+
+
+def fast_when(threads=2, rows=16, us=40.0, other=90.0):
+    return lambda cfg: us if (cfg["threads"], cfg["rows_per_task"]) == (threads, rows) else other
+
+
+def test_kernel_enabled_where_faster_with_its_best_config(tmp_path):
+    clock = FakeClock(fast_when(2, 16))
+    table = tuner(tmp_path, clock).tune(Profile([site()]))
+    (e,) = table.entries
+    assert e.impl == "cpu_rows" and e.config == {"threads": 2, "rows_per_task": 16}
+    m = e.measured
+    assert m["speedup"] > 2.0 and m["ci95"][0] > 1.0 and m["rounds"] == 12
+    assert m["rel_err"] < 1e-5 and m["trials"] == len(IMPL.configs(e.key, "training"))
+    assert {"kernel_us", "compiler_us", "compile_s", "region"} <= set(m)
+    assert e.sites == ["model.norm"] and e.source == IMPL.source_hash
+    assert "faster" in e.reason and "within 1e-05" in e.reason
+
+
+def test_compiler_kept_where_the_kernel_is_slower_or_not_enough_faster(tmp_path):
+    table = tuner(tmp_path, FakeClock(lambda cfg: 120.0)).tune(Profile([site()]))
+    (e,) = table.entries
+    assert e.impl is None and "below the threshold 1.05x" in e.reason
+    assert e.measured["speedup"] < 1.0  # both times kept for the audit
+    table = tuner(tmp_path / "b", FakeClock(lambda cfg: 97.0), threshold=1.05).tune(Profile([site()]))
+    assert table.entries[0].impl is None
+
+
+def test_a_kernel_that_fails_numerics_is_never_enabled(tmp_path, monkeypatch):
+    orig = IMPL.forward
+
+    def wrong(tensors, attrs, config):
+        y, rstd = orig(tensors, attrs, config)
+        return y * 1.001, rstd
+
+    monkeypatch.setattr(IMPL, "forward", wrong)
+    table = tuner(tmp_path, FakeClock(lambda cfg: 10.0)).tune(Profile([site()]))
+    (e,) = table.entries
+    assert e.impl is None and "passed numerics" in e.reason
+    assert e.measured["rel_err"] > 1e-5
+
+
+def test_unwritten_output_fails_numerics(tmp_path, monkeypatch):
+    def lazy(tensors, attrs, config):
+        x, _ = tensors
+        return torch.empty(x.shape), torch.empty(x.shape[:-1])
+
+    monkeypatch.setattr(IMPL, "forward", lazy)
+    table = tuner(tmp_path, FakeClock(lambda cfg: 10.0)).tune(Profile([site(grad=False)]))
+    assert table.entries[0].impl is None and "passed numerics" in table.entries[0].reason
+
+
+def test_a_config_that_raises_is_a_failed_trial_and_the_run_goes_on(tmp_path, monkeypatch):
+    orig = IMPL.forward
+
+    def flaky(tensors, attrs, config):
+        if config["threads"] == 1:
+            raise RuntimeError("boom at threads=1")
+        return orig(tensors, attrs, config)
+
+    monkeypatch.setattr(IMPL, "forward", flaky)
+    t = tuner(tmp_path, FakeClock(lambda cfg: 50.0))
+    table = t.tune(Profile([site()]))
+    (e,) = table.entries
+    assert e.impl == "cpu_rows" and e.config["threads"] == 2
+    assert e.measured["failed"] >= 1
+    study = t.search.study(e.key, IMPL)
+    errors = [tr.user_attrs["info"].get("error", "") for tr in study.trials if tr.state.name == "FAIL"]
+    assert errors and all("boom at threads=1" in err for err in errors)
+
+
+def test_killed_run_resumes_without_redoing_trials_and_a_second_run_measures_nothing(tmp_path, monkeypatch):
+    key_site = site()
+    n_configs = len(IMPL.configs(Profile([key_site]).keys({"rmsnorm": get_op("rmsnorm")}).popitem()[0], "training"))
+    evaluated = []
+    t1 = tuner(tmp_path, FakeClock(fast_when()))
+    orig = t1._evaluate
+
+    def dying(get_bench, impl, config, samples):
+        if len(evaluated) == 3:
+            raise KeyboardInterrupt  # killed mid-run
+        evaluated.append(config)
+        return orig(get_bench, impl, config, samples)
+
+    monkeypatch.setattr(t1, "_evaluate", dying)
+    with pytest.raises(KeyboardInterrupt):
+        t1.tune(Profile([key_site]))
+    assert len(evaluated) == 3
+
+    resumed = []
+    t2 = tuner(tmp_path, FakeClock(fast_when()))
+    orig2 = t2._evaluate
+    monkeypatch.setattr(t2, "_evaluate", lambda gb, impl, cfg, s: resumed.append(cfg) or orig2(gb, impl, cfg, s))
+    first = t2.tune(Profile([key_site]))
+    assert len(resumed) == n_configs - 3 and not any(c in evaluated for c in resumed)
+
+    clock = FakeClock(fast_when())
+    t3 = tuner(tmp_path, clock)
+    again = t3.tune(Profile([key_site]))
+    assert clock.calls == 0 and not t3.measured_anything
+    assert again.entries[0].impl == first.entries[0].impl and again.entries[0].measured == first.entries[0].measured
+
+
+def test_study_names_carry_fingerprint_and_source(tmp_path, monkeypatch):
+    t = tuner(tmp_path, FakeClock(fast_when()))
+    key = Key("rmsnorm", "training", (((4, 8), "float32"), ((8,), "float32")), (("eps", 1e-6),))
+    name = t.search.study_name(key, IMPL)
+    assert IMPL.source_hash in name and t.search.fp in name
+    other = Search(t.search.storage, {**get_backend("cpu").fingerprint(), "device": "elsewhere"})
+    assert other.study_name(key, IMPL) != name
+    monkeypatch.setattr(type(IMPL), "source_hash", property(lambda self: "changed"))
+    assert t.search.study_name(key, IMPL) != name
+
+
+def test_unsupported_dtype_gets_a_compiler_entry_with_the_reason(tmp_path):
+    table = tuner(tmp_path, FakeClock(lambda c: 1.0)).tune(Profile([site(dtype="float64")]))
+    (e,) = table.entries
+    assert e.impl is None and "cpu_rows declines: dtypes float64" in e.reason
+
+
+def test_budget_exhausted_before_any_trial(tmp_path):
+    table = tuner(tmp_path, FakeClock(lambda c: 1.0), budget_s=0.0).tune(Profile([site()]))
+    assert table.entries[0].impl is None and "budget exhausted" in table.entries[0].reason
+
+
+def test_tpe_runs_the_trial_budget_and_prunes_by_constraint(tmp_path):
+    t = tuner(tmp_path, FakeClock(fast_when()), trials=4)
+    table = t.tune(Profile([site(shape=(256, 64))]))
+    e = table.entries[0]
+    study = t.search.study(e.key, IMPL)
+    finished = [tr for tr in study.trials if tr.state.name in ("COMPLETE", "FAIL")]
+    assert len(finished) == 4
+    assert all(IMPL.allows(tr.user_attrs["config"], e.key) for tr in finished)
+
+
+def test_modes_from_profile_and_override(tmp_path):
+    prof = Profile([site(grad=True), site(shape=(8, 32), grad=False, label="eval")])
+    ops = {"rmsnorm": get_op("rmsnorm")}
+    assert [k.mode for k in prof.keys(ops)] == ["training", "inference"]
+    assert [k.mode for k in prof.keys(ops, "inference")] == ["inference", "inference"]
+    assert len(prof.keys(ops, "both")) == 4
+
+
+def test_real_timing_smoke(tmp_path):
+    """The real clock and the real compiler on one small key: an auditable entry, whichever wins."""
+    be = get_backend("cpu")
+    search = Search(open_storage(f"sqlite:///{tmp_path}/s.db"), be.fingerprint(), trials=2)
+    t = Tuner(be, search, Options(trials=2, search_rounds=3, final_rounds=5, sets=2))
+    table = t.tune(Profile([site(shape=(32, 64), grad=False)]))
+    m = table.entries[0].measured
+    assert m["kernel_us"] > 0 and m["compiler_us"] > 0 and m["compile_s"]["compiler"] > 0
+    assert m["region"]["calls"] >= 1 and m["region"]["empty_us"] > 0
