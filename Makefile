@@ -21,8 +21,15 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
+# The main job: record the example's training step, tune every call site against the compiler
+# (studies in the embedded SQLite default, so a second run reuses them), show the table, then A/B/C
+# the full step with the table, every kernel off and every kernel on.
 demo: $(STAMP)
-	$(PY) examples/demo.py
+	mkdir -p out
+	$(VENV)/bin/nki-autotune record -o out/profile.yaml -- $(PY) examples/train.py --steps 3
+	$(VENV)/bin/nki-autotune run out/profile.yaml -o out/dispatch.yaml --trials 10
+	$(VENV)/bin/nki-autotune show out/dispatch.yaml
+	$(PY) examples/ab.py --table out/dispatch.yaml --rounds 20
 
 bench: $(STAMP)
 	$(PY) -m pytest benchmarks -q --benchmark-columns=median,iqr,rounds --benchmark-sort=name
