@@ -17,17 +17,23 @@ class CheckRow:
     result: Numerics | None
     skipped: str = ""
     error: str = ""
+    how: str = ""
 
     @property
     def passed(self) -> bool:
         return self.result is not None and self.result.ok and not self.error
 
 
-def _runnable(impl: Impl) -> str | None:
+def _device(impl: Impl) -> tuple[str | None, str]:
+    """Where to run an impl's numerics: its backend's device, or the CPU through NKI simulation."""
     b = backends().get(impl.backend)
     if b is None:
-        return f"unknown backend {impl.backend}"
-    return b.why_unavailable()
+        return None, f"unknown backend {impl.backend}"
+    if b.available():
+        return b.device, ""
+    if impl.backend == "neuron":
+        return "cpu", "simulated"
+    return None, b.why_unavailable() or ""
 
 
 def check_all(names: tuple[str, ...] | None = None, seed: int = 0) -> list[CheckRow]:
@@ -38,12 +44,12 @@ def check_all(names: tuple[str, ...] | None = None, seed: int = 0) -> list[Check
             continue
         attrs = tuple(sorted(op.defaults.items()))
         for impl in op.impls.values():
-            why = _runnable(impl)
+            device, how = _device(impl)
             for inputs in op.examples:
                 for mode in ("inference", "training") if op.differentiable else ("inference",):
                     key = Key(op.name, mode, inputs, attrs)
-                    if why is not None:
-                        rows.append(CheckRow(impl.qualname, key, None, skipped=why))
+                    if device is None:
+                        rows.append(CheckRow(impl.qualname, key, None, skipped=how))
                         continue
                     declined = impl.supports(key.specs(), key.attr_dict)
                     configs = impl.configs(key, mode)
@@ -52,8 +58,8 @@ def check_all(names: tuple[str, ...] | None = None, seed: int = 0) -> list[Check
                         continue
                     cfg = dict(impl.default) if impl.default in configs else configs[0]
                     try:
-                        res = check_impl(impl, key, cfg, gen, backends()[impl.backend].device)
-                        rows.append(CheckRow(impl.qualname, key, res))
+                        res = check_impl(impl, key, cfg, gen, device)
+                        rows.append(CheckRow(impl.qualname, key, res, how=how))
                     except Exception as e:
-                        rows.append(CheckRow(impl.qualname, key, None, error=f"{type(e).__name__}: {e}"))
+                        rows.append(CheckRow(impl.qualname, key, None, error=f"{type(e).__name__}: {e}", how=how))
     return rows

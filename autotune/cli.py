@@ -226,18 +226,18 @@ def cmd_check(args, console: Console) -> int:
             raise UsageError(f"--ops names unknown op(s) {', '.join(unknown)}; known: {', '.join(sorted(ops()))}")
     rows = check_all(names, seed=args.seed)
     t = RichTable(title="numerics against the float64 reference")
-    for col in ("impl", "inputs", "mode", "error", "tolerance", "result"):
+    for col in ("impl", "run", "inputs", "mode", "error", "tolerance", "result"):
         t.add_column(col, overflow="fold")
     failed = 0
     for r in rows:
         shapes = " ".join(f"{'x'.join(map(str, s))}:{d}" for s, d in r.key.inputs)
         if r.skipped:
-            t.add_row(r.impl, shapes, r.key.mode, "-", "-", f"[dim]skipped: {r.skipped}[/]")
+            t.add_row(r.impl, "-", shapes, r.key.mode, "-", "-", f"[dim]skipped: {r.skipped}[/]")
             continue
         failed += not r.passed
         err = f"{r.result.rel_err:.1e}" if r.result else "-"
         tol = f"{r.result.tolerance:.0e}" if r.result else "-"
-        t.add_row(r.impl, shapes, r.key.mode, err, tol,
+        t.add_row(r.impl, r.how or "native", shapes, r.key.mode, err, tol,
                   "[green]pass[/]" if r.passed else f"[red]FAIL[/] {r.error or (r.result.detail if r.result else '')}")
     console.print(t)
     console.print(f"{len(rows) - failed - sum(bool(r.skipped) for r in rows)} passed, {failed} failed")

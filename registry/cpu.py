@@ -46,6 +46,9 @@ class CpuBackend:
     def compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         return torch.compile(fn, backend="inductor", fullgraph=True, dynamic=False)
 
+    def custom_op(self, name: str, fn: Callable[..., Any], schema: str) -> Any:
+        return torch.library.custom_op(name, fn, mutates_args=(), schema=schema, device_types="cpu")
+
     def fingerprint(self) -> dict[str, Any]:
         import numba
 

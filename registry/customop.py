@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .backend import get_backend
+
 if TYPE_CHECKING:
     from .ops import Impl
 
 NAMESPACE = "nki_autotune"
-_DEVICE_TYPES = {"cpu": "cpu"}
 
 
 def _rest(impl: Impl, rest: tuple) -> tuple[dict, dict]:
@@ -54,7 +55,7 @@ def build(impl: Impl) -> None:
     n_res = op.outputs + impl.saved
     nt, na = len(op.tensors), len(op.attrs)
     diff = tuple(op.tensors.index(n) for n in op.differentiable)
-    device_types = _DEVICE_TYPES.get(impl.backend)
+    backend = get_backend(impl.backend)
 
     def forward(*args):
         tensors, attrs, config = _split(impl, args)
@@ -66,10 +67,7 @@ def build(impl: Impl) -> None:
         res = tuple(impl.fake(tensors, attrs))
         return res[0] if n_res == 1 else res
 
-    fwd = torch.library.custom_op(
-        f"{NAMESPACE}::{impl.op_name}", forward, mutates_args=(), schema=impl.schema(),
-        device_types=device_types,
-    )
+    fwd = backend.custom_op(f"{NAMESPACE}::{impl.op_name}", forward, impl.schema())
     fwd.register_fake(fake)
 
     def backward_kernel(*args):
@@ -90,10 +88,7 @@ def build(impl: Impl) -> None:
 
     bwd = None
     if diff:
-        bwd = torch.library.custom_op(
-            f"{NAMESPACE}::{impl.op_name}_backward", backward_kernel, mutates_args=(),
-            schema=impl.backward_schema(), device_types=device_types,
-        )
+        bwd = backend.custom_op(f"{NAMESPACE}::{impl.op_name}_backward", backward_kernel, impl.backward_schema())
         bwd.register_fake(backward_fake)
 
         def setup_context(ctx, inputs, output):

@@ -43,6 +43,33 @@ def _probe() -> str | None:
     return None
 
 
+def _nki_op() -> Callable[..., Any] | None:
+    try:
+        import torch_neuronx
+    except Exception:
+        return None
+    return getattr(torch_neuronx, "nki_op", None)
+
+
+_TYPES = {"Tensor": "torch.Tensor", "float": "float", "int": "int", "bool": "bool"}
+
+
+def typed(fn: Callable[..., Any], schema: str) -> Callable[..., Any]:
+    """``fn(*args)`` as a function with the named, annotated parameters of ``schema`` (nki_op reads them)."""
+    args, ret = schema.split(" -> ")
+    params = [p.split() for p in args.strip("()").split(", ") if p]
+    outs = ret.strip("()").split(", ")
+    ret_t = "torch.Tensor" if len(outs) == 1 else f"tuple[{', '.join(['torch.Tensor'] * len(outs))}]"
+    names = ", ".join(n for _, n in params)
+    sig = ", ".join(f"{n}: {_TYPES[t]}" for t, n in params)
+    src = f"def op({sig}) -> {ret_t}:\n    return _fn({names})\n"
+    scope: dict[str, Any] = {"torch": torch, "_fn": fn}
+    exec(src, scope)  # a real signature, built from the schema the op is registered with
+    op = scope["op"]
+    op.__name__ = op.__qualname__ = getattr(fn, "__name__", "op")
+    return op
+
+
 class NeuronBackend:
     name = "neuron"
     device = "neuron"
@@ -61,6 +88,14 @@ class NeuronBackend:
 
     def compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         return torch.compile(fn, backend="neuron", fullgraph=True, dynamic=False)
+
+    def custom_op(self, name: str, fn: Callable[..., Any], schema: str) -> Any:
+        """``torch_neuronx.nki_op`` where TorchNeuron provides it; elsewhere ``torch.library.custom_op`` for every
+        device, so the kernels also run on CPU tensors, through the NKI simulation (numerics only)."""
+        nki_op = _nki_op()
+        if nki_op is None:
+            return torch.library.custom_op(name, fn, mutates_args=(), schema=schema)
+        return nki_op(name, mutates_args={})(typed(fn, schema))
 
     def fingerprint(self) -> dict[str, Any]:
         """Everything in the neuron compile-cache key, plus the kernel language."""

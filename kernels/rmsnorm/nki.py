@@ -1,0 +1,237 @@
+"""RMSNorm in NKI (current ``nki`` API): rows tiled over the partitions, forward and backward.
+
+Forward, per tile of ``rows_per_tile`` rows: the sum of squares through the ScalarE
+accumulator, chunk by chunk (``activation(square)`` with ``reduce_cmd`` reset then
+reduce), rstd = rsqrt(sum / D + eps), and y = x * rstd * w in one
+``scalar_tensor_tensor``. The weight is broadcast to every partition once, by a
+ones-vector matmul (TensorE is the engine that moves data across partitions).
+
+Backward: dx = rstd * (dy * w) - x * rstd^3 * mean(dy * w * x) per row, and
+dweight = sum over rows of dy * x * rstd, a partition reduction done as a matmul
+with a ones column, accumulated across row tiles either in PSUM (one bank per
+``chunk`` columns) or in an SBUF row.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...registry import Impl, Key, TensorSpec, register_impl
+from ...registry.nki import nisa, nki, nl
+from ...registry.nkisim.state import limits_target
+from .op import RMSNORM
+
+ROWS_PER_TILE = (32, 64, 128)
+CHUNK = (128, 256, 512)
+_ITEM = {"float32": 4, "bfloat16": 2}
+
+
+def _broadcast_row(vec, d, p, chunk):
+    """vec (HBM, [d]) in every one of p partitions, as float32 SBUF [p, d]."""
+    ones = nl.ndarray((1, p), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    row = nl.ndarray((1, d), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=row, src=vec.reshape((1, d)))
+    out = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
+    for c in range((d + chunk - 1) // chunk):
+        c0 = c * chunk
+        m = min(chunk, d - c0)
+        ps = nl.ndarray((p, chunk), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=ps[:, 0:m], stationary=ones, moving=row[:, c0:c0 + m], is_stationary_onezero=True,
+                       accumulate=False)
+        nisa.tensor_copy(dst=out[:, c0:c0 + m], src=ps[:, 0:m])
+    return out
+
+
+@nki.jit
+def rmsnorm_fwd(x, w, eps, rows_per_tile, chunk):
+    """x: HBM [N, D]; w: HBM [D] -> y [N, D] (x's dtype), rstd [N, 1] float32."""
+    n_rows, d = x.shape
+    p = rows_per_tile
+    y = nl.ndarray((n_rows, d), dtype=x.dtype, buffer=nl.shared_hbm)
+    rstd = nl.ndarray((n_rows, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    w_b = _broadcast_row(w, d, p, chunk)
+    n_chunks = (d + chunk - 1) // chunk
+    for t in range((n_rows + p - 1) // p):
+        r0 = t * p
+        n = min(p, n_rows - r0)
+        xt = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=xt[0:n, :], src=x[r0:r0 + n, :])
+        sq = nl.ndarray((p, chunk), dtype=nl.float32, buffer=nl.sbuf)
+        ss = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        for c in range(n_chunks):
+            c0 = c * chunk
+            m = min(chunk, d - c0)
+            last = c == n_chunks - 1
+            nisa.activation(dst=sq[0:n, 0:m], op=nl.square, data=xt[0:n, c0:c0 + m], reduce_op=nl.add,
+                            reduce_res=ss[0:n, :] if last else None,
+                            reduce_cmd=nisa.reduce_cmd.reset_reduce if c == 0 else nisa.reduce_cmd.reduce)
+        rs = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=rs[0:n, :], data=ss[0:n, :], op0=nl.multiply, operand0=1.0 / d,
+                           op1=nl.add, operand1=eps)
+        nisa.activation(dst=rs[0:n, :], op=nl.rsqrt, data=rs[0:n, :])
+        yt = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.scalar_tensor_tensor(dst=yt[0:n, :], data=xt[0:n, :], op0=nl.multiply, operand0=rs[0:n, :],
+                                  op1=nl.multiply, operand1=w_b[0:n, :])
+        nisa.dma_copy(dst=y[r0:r0 + n, :], src=yt[0:n, :])
+        nisa.dma_copy(dst=rstd[r0:r0 + n, :], src=rs[0:n, :])
+    return y, rstd
+
+
+@nki.jit
+def rmsnorm_bwd(dy, x, w, rstd, rows_per_tile, chunk, dw_in_psum):
+    """dy, x: HBM [N, D]; w: [D]; rstd: [N, 1] float32 -> dx [N, D], dw [D]."""
+    n_rows, d = x.shape
+    p = rows_per_tile
+    dx = nl.ndarray((n_rows, d), dtype=x.dtype, buffer=nl.shared_hbm)
+    dw = nl.ndarray((d,), dtype=w.dtype, buffer=nl.shared_hbm)
+    w_b = _broadcast_row(w, d, p, chunk)
+    ones = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    n_chunks = (d + chunk - 1) // chunk
+    acc_ps = [nl.ndarray((1, chunk), dtype=nl.float32, buffer=nl.psum) for _ in range(n_chunks if dw_in_psum else 0)]
+    acc_sb = nl.ndarray((1, d), dtype=nl.float32, buffer=nl.sbuf)
+    if not dw_in_psum:
+        nisa.memset(dst=acc_sb, value=0.0)
+    for t in range((n_rows + p - 1) // p):
+        r0 = t * p
+        n = min(p, n_rows - r0)
+        dyt = nl.ndarray((p, d), dtype=dy.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=dyt[0:n, :], src=dy[r0:r0 + n, :])
+        xt = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=xt[0:n, :], src=x[r0:r0 + n, :])
+        rs = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=rs[0:n, :], src=rstd[r0:r0 + n, :])
+        g = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)  # dy * w
+        nisa.tensor_tensor(dst=g[0:n, :], data1=dyt[0:n, :], data2=w_b[0:n, :], op=nl.multiply)
+        tmp = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=tmp[0:n, :], data1=g[0:n, :], data2=xt[0:n, :], op=nl.multiply)
+        s = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=s[0:n, :], op=nl.add, data=tmp[0:n, :], axis=1)
+        r3 = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r3[0:n, :], data1=rs[0:n, :], data2=rs[0:n, :], op=nl.multiply)
+        nisa.tensor_tensor(dst=r3[0:n, :], data1=r3[0:n, :], data2=rs[0:n, :], op=nl.multiply)
+        c = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)  # rstd^3 * mean(dy * w * x)
+        nisa.scalar_tensor_tensor(dst=c[0:n, :], data=s[0:n, :], op0=nl.multiply, operand0=1.0 / d,
+                                  op1=nl.multiply, operand1=r3[0:n, :])
+        nisa.tensor_scalar(dst=tmp[0:n, :], data=xt[0:n, :], op0=nl.multiply, operand0=c[0:n, :])
+        dxt = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.scalar_tensor_tensor(dst=dxt[0:n, :], data=g[0:n, :], op0=nl.multiply, operand0=rs[0:n, :],
+                                  op1=nl.subtract, operand1=tmp[0:n, :])
+        nisa.dma_copy(dst=dx[r0:r0 + n, :], src=dxt[0:n, :])
+        # dweight: sum over the rows (partitions) of dy * x * rstd, as ones[n, 1].T @ h[n, cols]
+        nisa.scalar_tensor_tensor(dst=g[0:n, :], data=dyt[0:n, :], op0=nl.multiply, operand0=rs[0:n, :],
+                                  op1=nl.multiply, operand1=xt[0:n, :])
+        for ci in range(n_chunks):
+            c0 = ci * chunk
+            m = min(chunk, d - c0)
+            if dw_in_psum:
+                nisa.nc_matmul(dst=acc_ps[ci][:, 0:m], stationary=ones[0:n, :], moving=g[0:n, c0:c0 + m],
+                               accumulate=t > 0)
+            else:
+                ps = nl.ndarray((1, chunk), dtype=nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(dst=ps[:, 0:m], stationary=ones[0:n, :], moving=g[0:n, c0:c0 + m], accumulate=False)
+                nisa.tensor_tensor(dst=acc_sb[:, c0:c0 + m], data1=acc_sb[:, c0:c0 + m], data2=ps[:, 0:m],
+                                   op=nl.add)
+    if dw_in_psum:
+        for ci in range(n_chunks):
+            c0 = ci * chunk
+            m = min(chunk, d - c0)
+            nisa.tensor_copy(dst=acc_sb[:, c0:c0 + m], src=acc_ps[ci][:, 0:m])
+    nisa.dma_copy(dst=dw.reshape((1, d)), src=acc_sb)
+    return dx, dw
+
+
+# -- the impl ------------------------------------------------------------------------------------------------------
+
+
+def _launch(kernel, device: torch.device):
+    """On a neuron device the kernel itself; anywhere else, its simulation (numerics only)."""
+    return kernel if device.type == "neuron" else nki.simulate(kernel)
+
+
+def forward(tensors: tuple, attrs: dict, config: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    x, w = tensors
+    d = x.shape[-1]
+    y, rstd = _launch(rmsnorm_fwd, x.device)(x.reshape(-1, d), w, attrs["eps"], config["rows_per_tile"],
+                                             config["chunk"])
+    return y.reshape(x.shape).to(x.device), rstd.reshape(x.shape[:-1]).to(x.device)
+
+
+def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: dict) -> tuple:
+    (dy,), (x, w), (_, rstd) = grads, tensors, results
+    d = x.shape[-1]
+    dx, dw = _launch(rmsnorm_bwd, x.device)(dy.reshape(-1, d), x.reshape(-1, d), w, rstd.reshape(-1, 1),
+                                            config["rows_per_tile"], config["chunk"], config["dw_in_psum"])
+    return dx.reshape(x.shape).to(x.device), dw.to(x.device)
+
+
+def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    x, _ = tensors
+    return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+def sbuf_bytes(d: int, dtype: str, config: dict, training: bool) -> int:
+    """Bytes per partition of the live SBUF tiles (the kernels above, tile by tile)."""
+    s, p, chunk = _ITEM[dtype], config["rows_per_tile"], config["chunk"]
+    broadcast = 4 * p + 4 * d + 4 * d  # ones, the weight row, the broadcast weight
+    if not training:
+        return broadcast + 2 * d * s + 4 * chunk + 8
+    return broadcast + 4 + 4 * d + 3 * d * s + 8 * d + 16  # ones, dw row, dy/x/dx tiles, g and tmp, columns
+
+
+def psum_banks(d: int, config: dict, training: bool) -> int:
+    if training and config["dw_in_psum"]:
+        return -(-d // config["chunk"])
+    return 2  # one bank in use, the next allocated before the last is released
+
+
+def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
+    x, w = specs
+    if x.dtype not in _ITEM or w.dtype != x.dtype:
+        return f"dtypes {x.dtype}, {w.dtype} (supports float32 or bfloat16, the same for both)"
+    if not x.shape or x.numel == 0:
+        return f"x of shape {list(x.shape)} (needs at least one element and one dim)"
+    if w.shape != x.shape[-1:]:
+        return f"weight of shape {list(w.shape)} (needs [{x.shape[-1]}], no broadcasting)"
+    if not x.is_contiguous or not w.is_contiguous:
+        return "non-contiguous inputs"
+    d = x.shape[-1]
+    smallest = {"rows_per_tile": min(ROWS_PER_TILE), "chunk": min(CHUNK), "dw_in_psum": 0}
+    if sbuf_bytes(d, x.dtype, smallest, training=True) > limits_target().sbuf_partition_bytes:
+        return f"width {d} (its tiles do not fit the SBUF of {limits_target().name})"
+    return None
+
+
+def constraint(config: dict, key: Key) -> bool:
+    """The hardware limits: SBUF bytes per partition, PSUM banks, the matmul's moving size."""
+    (xs, dtype), _ = key.inputs
+    d, t = xs[-1], limits_target()
+    training = key.mode == "training"
+    if config["chunk"] > t.matmul_n_fp32 or config["chunk"] * 4 > t.psum_bank_bytes:
+        return False
+    if sbuf_bytes(d, dtype, config, training) > t.sbuf_partition_bytes:
+        return False
+    if psum_banks(d, config, training) > t.psum_partition_bytes // t.psum_bank_bytes:
+        return False
+    rows = math.prod(xs[:-1]) if len(xs) > 1 else 1
+    smallest_cover = min((r for r in ROWS_PER_TILE if r >= rows), default=max(ROWS_PER_TILE))
+    return config["rows_per_tile"] <= smallest_cover  # taller tiles than the rows only waste SBUF
+
+
+NKI_TILED = register_impl(Impl(
+    op=RMSNORM,
+    name="nki_tiled",
+    backend="neuron",
+    forward=forward,
+    backward=backward,
+    fake=fake,
+    supports=supports,
+    space={"rows_per_tile": ROWS_PER_TILE, "chunk": CHUNK, "dw_in_psum": (0, 1)},
+    default={"rows_per_tile": 128, "chunk": 512, "dw_in_psum": 0},
+    constraint=constraint,
+    backward_params=("dw_in_psum",),
+    saved=1,
+))

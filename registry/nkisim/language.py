@@ -1,0 +1,238 @@
+"""``nki.language`` of the interpreter: buffers, dtypes, tile sizes, allocation, op tokens, helpers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import isa
+from .state import NkiError, current
+from .tensor import NkiTensor, is_float, new_tensor
+
+# -- buffers and dtypes ------------------------------------------------------------------------------------------
+sbuf, psum, hbm, private_hbm, shared_hbm = "sbuf", "psum", "private_hbm", "private_hbm", "shared_hbm"
+
+bool_, int8, int16, int32, uint8, uint16, uint32 = "bool_", "int8", "int16", "int32", "uint8", "uint16", "uint32"
+float16, bfloat16, float32, tfloat32 = "float16", "bfloat16", "float32", "tfloat32"
+float8_e4m3, float8_e4m3fn, float8_e5m2 = "float8_e4m3", "float8_e4m3fn", "float8_e5m2"
+
+
+def is_hbm(b: str) -> bool:
+    return b in ("hbm", "private_hbm", "shared_hbm")
+
+
+def is_sbuf(b: str) -> bool:
+    return b == "sbuf"
+
+
+def is_psum(b: str) -> bool:
+    return b == "psum"
+
+
+def is_on_chip(b: str) -> bool:
+    return b in ("sbuf", "psum")
+
+
+class _TileSize:
+    pmax = 128
+    gemm_stationary_fmax = 128
+    gemm_moving_fmax = 512
+    psum_bank_fmax = 512
+    psum_bank_fmax_bytes = 2048
+    psum_fmax = 512
+    psum_num_banks = 8
+    bn_stats_fmax = 512
+    sbuf_min_align = psum_min_align = 16
+
+    @property
+    def sbuf_fmax_bytes(self) -> int:
+        return current().target.sbuf_partition_bytes
+
+    @property
+    def sbuf_fmax(self) -> int:
+        return self.sbuf_fmax_bytes // 4
+
+    total_available_sbuf_size = sbuf_fmax_bytes
+
+    @property
+    def sbuf_size_bytes(self) -> int:
+        return self.sbuf_fmax_bytes * self.pmax
+
+
+tile_size = _TileSize()
+
+
+# -- op tokens (also usable as tile helpers) ---------------------------------------------------------------------
+
+
+class Fn:
+    """An ALU op or activation function: a token for nisa calls, and an ``nl.*`` tile helper."""
+
+    def __init__(self, name: str, binary=None, unary=None, reduce: bool = False, bitvec: bool = False):
+        self.name, self.binary, self.unary, self.reduce, self.bitvec = name, binary, unary, reduce, bitvec
+
+    def __repr__(self) -> str:
+        return f"nl.{self.name}"
+
+    def __call__(self, x, y=None, dtype=None):
+        """The ``nl.*`` helper: a new SBUF tile, computed by the ISA call the device would use."""
+        xt = x if isinstance(x, NkiTensor) else None
+        if xt is None:
+            raise NkiError(f"nl.{self.name}: the first operand must be a tile")
+        out = new_tensor(xt.shape, dtype or xt.dtype, "sbuf")
+        if y is None:
+            if self.unary is None:
+                raise NkiError(f"nl.{self.name} takes two operands")
+            isa.activation(dst=out, op=self, data=xt)
+        elif isinstance(y, NkiTensor) and y.per_partition() > 1:
+            isa.tensor_tensor(dst=out, data1=xt, data2=y, op=self)
+        else:
+            isa.tensor_scalar(dst=out, data=xt, op0=self, operand0=y)
+        return out
+
+
+def _b(f):
+    return lambda a, b: f(a, b).astype(np.float32)
+
+
+def _u(f):
+    return lambda a: f(a).astype(np.float32)
+
+
+def _erf(a):
+    from math import erf
+
+    return np.vectorize(erf, otypes=[np.float64])(a)
+
+
+def _sigmoid(a):
+    return 1.0 / (1.0 + np.exp(-a.astype(np.float64)))
+
+
+add = Fn("add", _b(np.add), reduce=True)
+subtract = Fn("subtract", _b(np.subtract), reduce=True)
+multiply = Fn("multiply", _b(np.multiply), reduce=True)
+divide = Fn("divide", _b(np.divide))
+maximum = Fn("maximum", _b(np.maximum), reduce=True)
+minimum = Fn("minimum", _b(np.minimum), reduce=True)
+power = Fn("power", _b(np.power))
+equal = Fn("equal", _b(np.equal))
+not_equal = Fn("not_equal", _b(np.not_equal))
+greater = Fn("greater", _b(np.greater))
+greater_equal = Fn("greater_equal", _b(np.greater_equal))
+less = Fn("less", _b(np.less))
+less_equal = Fn("less_equal", _b(np.less_equal))
+logical_and = Fn("logical_and", _b(lambda a, b: np.logical_and(a != 0, b != 0)), reduce=True)
+logical_or = Fn("logical_or", _b(lambda a, b: np.logical_or(a != 0, b != 0)), reduce=True)
+logical_xor = Fn("logical_xor", _b(lambda a, b: np.logical_xor(a != 0, b != 0)), reduce=True)
+abs_max = Fn("abs_max", _b(lambda a, b: np.maximum(np.abs(a), np.abs(b))), reduce=True)
+abs_min = Fn("abs_min", _b(lambda a, b: np.minimum(np.abs(a), np.abs(b))), reduce=True)
+mod = Fn("mod", _b(np.mod))
+fmod = Fn("fmod", _b(np.fmod))
+bitwise_and = Fn("bitwise_and", np.bitwise_and, reduce=True, bitvec=True)
+bitwise_or = Fn("bitwise_or", np.bitwise_or, reduce=True, bitvec=True)
+bitwise_xor = Fn("bitwise_xor", np.bitwise_xor, reduce=True, bitvec=True)
+left_shift = Fn("left_shift", np.left_shift, bitvec=True)
+right_shift = Fn("right_shift", np.right_shift, bitvec=True)
+invert = Fn("invert", unary=np.invert, bitvec=True)
+
+with np.errstate(all="ignore"):
+    copy = Fn("copy", unary=_u(lambda a: a))
+    identity = copy
+    square = Fn("square", unary=_u(np.square))
+    exp = Fn("exp", unary=_u(np.exp))
+    log = Fn("log", unary=_u(np.log))
+    sqrt = Fn("sqrt", unary=_u(np.sqrt))
+    rsqrt = Fn("rsqrt", unary=_u(lambda a: 1.0 / np.sqrt(a)))
+    reciprocal = Fn("reciprocal", unary=_u(lambda a: 1.0 / a))
+    abs = Fn("abs", unary=_u(np.abs))  # noqa: A001  (the NKI name)
+    negative = Fn("negative", unary=_u(np.negative))
+    sign = Fn("sign", unary=_u(np.sign))
+    relu = Fn("relu", unary=_u(lambda a: np.maximum(a, 0)))
+    sigmoid = Fn("sigmoid", unary=_u(_sigmoid))
+    silu = Fn("silu", unary=_u(lambda a: a * _sigmoid(a)))
+    silu_dx = Fn("silu_dx", unary=_u(lambda a: _sigmoid(a) * (1 + a * (1 - _sigmoid(a)))))
+    tanh = Fn("tanh", unary=_u(np.tanh))
+    softplus = Fn("softplus", unary=_u(lambda a: np.logaddexp(0, a)))
+    mish = Fn("mish", unary=_u(lambda a: a * np.tanh(np.logaddexp(0, a))))
+    erf = Fn("erf", unary=_u(_erf))
+    gelu = Fn("gelu", unary=_u(lambda a: 0.5 * a * (1 + _erf(a / np.sqrt(2)))))
+    gelu_apprx_tanh = Fn("gelu_apprx_tanh",
+                         unary=_u(lambda a: 0.5 * a * (1 + np.tanh(0.7978845608 * (a + 0.044715 * a ** 3)))))
+    sin = Fn("sin", unary=_u(np.sin))
+    cos = Fn("cos", unary=_u(np.cos))
+    arctan = Fn("arctan", unary=_u(np.arctan))
+
+
+# -- allocation and launch info ----------------------------------------------------------------------------------
+
+
+def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None) -> NkiTensor:
+    """Uninitialised (NaN-filled, like the simulator). Returned tensors must use buffer=nl.shared_hbm."""
+    if buffer == "shared_hbm":
+        return current().shared_alloc(lambda: new_tensor(shape, dtype, buffer, name))
+    return new_tensor(shape, dtype, buffer, name)
+
+
+def full(shape, fill_value, dtype, buffer=sbuf, name: str = "") -> NkiTensor:
+    t = ndarray(shape, dtype, buffer, name)
+    t.write(np.full(t.shape, fill_value))
+    return t
+
+
+def zeros(shape, dtype, buffer=sbuf, name: str = "") -> NkiTensor:
+    return full(shape, 0, dtype, buffer, name)
+
+
+def ones(shape, dtype, buffer=sbuf, name: str = "") -> NkiTensor:
+    return full(shape, 1, dtype, buffer, name)
+
+
+def zeros_like(t: NkiTensor, dtype=None, buffer=None) -> NkiTensor:
+    return zeros(t.shape, dtype or t.dtype, buffer or t.buffer)
+
+
+def empty_like(t: NkiTensor, dtype=None, buffer=None) -> NkiTensor:
+    return ndarray(t.shape, dtype or t.dtype, buffer or t.buffer)
+
+
+def ds(start: int, size: int) -> slice:
+    return slice(start, start + size)
+
+
+def program_id(axis: int = 0) -> int:
+    if axis != 0:
+        raise NkiError("nl.program_id: only axis 0 (the LNC launch) exists")
+    return current().program_id
+
+
+def num_programs(axes: int = 0) -> int:
+    return current().lnc
+
+
+def program_ndim() -> int:
+    return 1 if current().lnc > 1 else 0
+
+
+def affine_range(start, stop=None, step=1):
+    return range(start, stop, step) if stop is not None else range(start)
+
+
+sequential_range = static_range = affine_range
+
+
+# -- data movement helpers ---------------------------------------------------------------------------------------
+
+
+def load(src: NkiTensor, dtype=None) -> NkiTensor:
+    out = new_tensor(src.shape if len(src.shape) >= 2 else (1, *src.shape), dtype or src.dtype, "sbuf")
+    isa.dma_copy(dst=out, src=src)
+    return out
+
+
+def store(dst: NkiTensor, value: NkiTensor) -> None:
+    if value.buffer == "psum":
+        raise NkiError("nl.store: the value is in PSUM; copy it to SBUF first (nisa.tensor_copy)")
+    isa.dma_copy(dst=dst, src=value)
+
+
+__all__ = [n for n in dir() if not n.startswith("_")] + ["is_float"]
