@@ -64,7 +64,8 @@ def typed(fn: Callable[..., Any], schema: str) -> Callable[..., Any]:
     sig = ", ".join(f"{n}: {_TYPES[t]}" for t, n in params)
     src = f"def op({sig}) -> {ret_t}:\n    return _fn({names})\n"
     scope: dict[str, Any] = {"torch": torch, "_fn": fn}
-    exec(src, scope)  # a real signature, built from the schema the op is registered with
+    # A real signature, built from the schema the op is registered with; evaluated annotations (no future import).
+    exec(compile(src, "<nki_op signature>", "exec", dont_inherit=True), scope)
     op = scope["op"]
     op.__name__ = op.__qualname__ = getattr(fn, "__name__", "op")
     return op

@@ -227,6 +227,8 @@ class NkiTensor:
         counts = [c for _, c in pattern]
         offs = np.full(counts, base, dtype=np.int64)
         for axis, (stride, count) in enumerate(pattern):
+            if axis == 0 and vector_offset is not None:
+                continue  # each partition's row comes from its index, at the base tensor's row stride
             shape = [1] * len(counts)
             shape[axis] = count
             offs = offs + stride * np.arange(count, dtype=np.int64).reshape(shape)

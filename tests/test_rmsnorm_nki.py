@@ -1,0 +1,105 @@
+"""The NKI RMSNorm through the interpreter, and the neuron backend on a machine without Neuron."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from nki_autotune.autotune.numerics import check_impl
+from nki_autotune.kernels.rmsnorm.nki import NKI_TILED, sbuf_bytes
+from nki_autotune.kernels.rmsnorm.op import RMSNORM
+from nki_autotune.registry import Key, TensorSpec, explain, get_backend
+from nki_autotune.registry.neuron import NEURON, typed
+from nki_autotune.registry.nkisim import NkiError
+
+
+def key(rows, width, dtype, mode):
+    return Key("rmsnorm", mode, (((rows, width), dtype), ((width,), dtype)), (("eps", 1e-6),))
+
+
+@pytest.fixture(params=["trn2", "trn3"])
+def target(request, monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("rows", [1, 127, 128, 129, 1000])
+@pytest.mark.parametrize("width", [7, 512, 1100])
+def test_forward_and_backward_match_float64(target, rows, width, dtype):
+    k = key(rows, width, dtype, "training")
+    res = check_impl(NKI_TILED, k, dict(NKI_TILED.default), torch.Generator().manual_seed(rows * width))
+    assert res.ok, res
+
+
+def test_every_admitted_config_runs_within_the_limits_and_a_rejected_one_breaks_them(target):
+    k = key(130, 1100, "float32", "training")
+    admitted = NKI_TILED.configs(k, "training")
+    assert admitted and len(admitted) < len(NKI_TILED.configs())
+    for cfg in admitted:
+        res = check_impl(NKI_TILED, k, cfg, torch.Generator().manual_seed(1))
+        assert res.ok, (cfg, res)
+    rejected = {"rows_per_tile": 128, "chunk": 128, "dw_in_psum": 1}  # 9 PSUM banks of dweight
+    assert not NKI_TILED.allows(rejected, k)
+    with pytest.raises(NkiError, match="PSUM full"):
+        check_impl(NKI_TILED, k, rejected, torch.Generator().manual_seed(1))
+
+
+def test_constraint_follows_the_sbuf_of_the_target(monkeypatch):
+    cfg = {"rows_per_tile": 128, "chunk": 512, "dw_in_psum": 0}
+    wide = 7000  # training needs about 28 * width bytes per partition in float32
+    assert 208 * 1024 < sbuf_bytes(wide, "float32", cfg, True) <= 240 * 1024
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    assert not NKI_TILED.allows(cfg, key(128, wide, "float32", "training"))
+    assert NKI_TILED.allows(cfg, key(128, wide, "float32", "inference"))
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    assert NKI_TILED.allows(cfg, key(128, wide, "float32", "training"))
+
+
+def test_supports_declines_what_it_cannot_do(monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    spec = TensorSpec
+    assert NKI_TILED.supports((spec((4, 64), "float64"), spec((64,), "float64")), {}).startswith("dtypes")
+    assert "non-contiguous" in NKI_TILED.supports((spec((4, 64), "float32", (1, 4)), spec((64,), "float32")), {})
+    assert "do not fit the SBUF of trn2" in NKI_TILED.supports((spec((4, 9000), "float32"), spec((9000,), "float32")),
+                                                               {})
+    assert NKI_TILED.supports((spec((4, 64), "bfloat16"), spec((64,), "bfloat16")), {}) is None
+
+
+def test_neuron_backend_is_unavailable_here_and_dispatch_never_picks_its_impls(switches):
+    neuron = get_backend("neuron")
+    assert not neuron.available() and "torch_neuronx cannot be imported" in neuron.why_unavailable()
+    switches(NKI_AUTOTUNE_KERNEL_RMSNORM="nki_tiled")
+    exp = explain("rmsnorm", torch.randn(4, 64), torch.randn(64))
+    assert exp.path == "compiler" and "backend neuron unavailable" in exp.reason
+    assert RMSNORM.impls["cpu_rows"].fwd_op is not None  # the cpu impl is unaffected
+
+
+def test_nki_op_registration_where_torchneuron_provides_it(monkeypatch):
+    """With a TorchNeuron that has nki_op, impls register through it, with an annotated signature."""
+    seen = {}
+
+    def nki_op(name, mutates_args):
+        def wrap(fn):
+            seen["annotations"] = dict(fn.__annotations__)
+            return torch.library.custom_op(name, fn, mutates_args=())
+
+        return wrap
+
+    monkeypatch.setitem(sys.modules, "torch_neuronx", types.SimpleNamespace(nki_op=nki_op))
+    op = NEURON.custom_op("nki_autotune::test_nki_op_path", lambda x, s, n: (x * s, x + n),
+                          "(Tensor x, float s, int n) -> (Tensor, Tensor)")
+    x = torch.randn(3)
+    a, b = op(x, 2.0, 1)
+    torch.testing.assert_close(a, x * 2)
+    torch.testing.assert_close(b, x + 1)
+    assert seen["annotations"] == {"x": torch.Tensor, "s": float, "n": int, "return": tuple[torch.Tensor, torch.Tensor]}
+
+
+def test_typed_wrapper_keeps_names_and_order():
+    f = typed(lambda *a: a, "(Tensor x, Tensor weight, float eps, int rows_per_tile) -> Tensor")
+    assert list(f.__annotations__) == ["x", "weight", "eps", "rows_per_tile", "return"]
+    assert f(1, 2, 3.0, 4) == (1, 2, 3.0, 4)
