@@ -74,6 +74,7 @@ def test_check_passes():
     r = cli("check")
     assert r.returncode == 0, r.stdout
     assert "rmsnorm.cpu_rows" in r.stdout and "FAIL" not in r.stdout and " 0 failed" in r.stdout
+    assert "rmsnorm.nki_tiled" in r.stdout and "simulated" in r.stdout
 
 
 def test_record_runs_a_command_and_writes_its_profile(tmp_path):

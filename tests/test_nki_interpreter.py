@@ -440,3 +440,23 @@ def test_unknown_target_is_named(monkeypatch):
         return None
 
     _expect(k, r"NEURON_PLATFORM_TARGET_OVERRIDE='trn9' is not a target")
+
+
+def test_nl_load_store_and_tile_helpers():
+    @nki.jit
+    def k(a, b):
+        ta, tb = nl.load(a), nl.load(b)
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.add(nl.exp(ta), tb))
+        return out
+
+    a, b = f32(4, 6), f32(4, 6)
+    np.testing.assert_allclose(run(k, a, b), np.exp(a) + b, rtol=1e-6)
+
+    @nki.jit
+    def store_psum(a):
+        ps = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.psum)
+        out = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, ps)
+
+    _expect(store_psum, r"nl.store: the value is in PSUM", f32(4, 4))
