@@ -42,10 +42,10 @@ def check_all(names: tuple[str, ...] | None = None, seed: int = 0) -> list[Check
     for op in ops().values():
         if names is not None and op.name not in names:
             continue
-        attrs = tuple(sorted(op.defaults.items()))
         for impl in op.impls.values():
             device, how = _device(impl)
-            for inputs in op.examples:
+            for inputs, extra in op.examples:
+                attrs = tuple(sorted({**op.defaults, **extra}.items()))
                 for mode in ("inference", "training") if op.differentiable else ("inference",):
                     key = Key(op.name, mode, inputs, attrs)
                     if device is None:

@@ -6,10 +6,16 @@ it like any other code.
 """
 
 from ..registry import check_switches, load_tables
+from .cross_entropy import cross_entropy
+from .embedding import embedding
 from .rmsnorm import rmsnorm
+from .rope import rope
+from .segment_sum import segment_sum
+from .softmax import softmax
+from .swiglu import swiglu
 
 # Switch names and tables are checked now, in eager mode, before any compiled call.
 check_switches()
 load_tables()
 
-__all__ = ["rmsnorm"]
+__all__ = ["cross_entropy", "embedding", "rmsnorm", "rope", "segment_sum", "softmax", "swiglu"]

@@ -55,3 +55,27 @@ def rows_view(spec_shape: tuple[int, ...], strides: tuple[int, ...] | None) -> b
         return True
     dims = [(n, s) for n, s in zip(spec_shape[:-1], strides[:-1]) if n != 1]
     return all(s_outer == s_inner * n_inner for (_, s_outer), (n_inner, s_inner) in zip(dims, dims[1:]))
+
+
+def require(specs, dtypes: dict[int, tuple[str, ...]], contiguous: bool = True) -> str | None:
+    """The common part of supports(): each listed input's dtype, and contiguity of all inputs."""
+    for i, allowed in dtypes.items():
+        if specs[i].dtype not in allowed:
+            return f"input {i} of dtype {specs[i].dtype} (supports {', '.join(allowed)})"
+    if contiguous and not all(s.is_contiguous for s in specs):
+        return "non-contiguous inputs"
+    if any(s.numel == 0 for s in specs):
+        return "empty inputs"
+    return None
+
+
+def out_of_range(index: np.ndarray, size: int) -> int | None:
+    """The first index outside [0, size), if any (the kernels trust their indices)."""
+    if index.size == 0:
+        return None
+    lo, hi = int(index.min()), int(index.max())
+    if lo < 0:
+        return lo
+    if hi >= size:
+        return hi
+    return None

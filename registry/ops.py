@@ -33,8 +33,8 @@ class Op:
     data_dependent: tuple[str, ...] = ()
     """Tensor arguments whose values (not only shapes) set the cost, e.g. indices: recorded as samples."""
     make_inputs: Callable[..., tuple] | None = None
-    examples: tuple[tuple[tuple[tuple[int, ...], str], ...], ...] = ()
-    """Input (shape, dtype) lists that ``nki-autotune check`` runs every impl on."""
+    examples: tuple[tuple[tuple[tuple[tuple[int, ...], str], ...], dict[str, Any]], ...] = ()
+    """(inputs as (shape, dtype) pairs, attrs beyond the defaults) that ``nki-autotune check`` runs every impl on."""
     """``make_inputs(key, generator, samples=None)`` -> tensors for benchmarks and numerics."""
     impls: dict[str, Impl] = field(default_factory=dict)
 

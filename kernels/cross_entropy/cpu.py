@@ -1,0 +1,111 @@
+"""Cross-entropy on the CPU (numba), parallel over rows.
+
+Forward keeps only the log-sum-exp of each row (one float), never the softmax;
+backward recomputes exp(logit - lse) as it writes the gradient, so a large
+vocabulary's softmax is materialised once, as the gradient itself. ``online=1``
+finds max and sum in one pass (rescaling the sum), ``online=0`` in two.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import prange
+
+from ...registry import Impl, Key, TensorSpec, register_impl
+from .._cpu import array, kernel, launch, max_threads, out_of_range, require, thread_choices
+from .op import CROSS_ENTROPY
+
+
+def _forward_body(x, target, ignore, online, losses, lse):
+    n, v = x.shape
+    for r in prange(n):
+        m = np.float32(-np.inf)
+        s = np.float32(0.0)
+        if online:
+            for j in range(v):
+                a = x[r, j]
+                if a > m:
+                    s = s * np.exp(m - a) + np.float32(1.0)
+                    m = a
+                else:
+                    s += np.exp(a - m)
+        else:
+            for j in range(v):
+                m = max(m, x[r, j])
+            for j in range(v):
+                s += np.exp(x[r, j] - m)
+        lse[r] = m + np.log(s)
+        t = target[r]
+        losses[r] = 0.0 if t == ignore else lse[r] - x[r, t]
+
+
+def _backward_body(x, target, ignore, lse, scale, dx):
+    n, v = x.shape
+    for r in prange(n):
+        t = target[r]
+        if t == ignore:
+            for j in range(v):
+                dx[r, j] = 0.0
+            continue
+        l = lse[r]
+        for j in range(v):
+            dx[r, j] = np.exp(x[r, j] - l) * scale
+        dx[r, t] -= scale
+
+
+_forward = kernel(_forward_body)
+_backward = kernel(_backward_body)
+
+
+def _check(target: np.ndarray, v: int, ignore: int) -> None:
+    bad = out_of_range(target[target != ignore], v)
+    if bad is not None:
+        raise IndexError(f"Target {bad} is out of bounds.")
+
+
+def forward(tensors, attrs, config):
+    x, target = tensors
+    t = array(target)
+    ignore = attrs["ignore_index"]
+    _check(t, x.shape[1], ignore)
+    losses = np.empty(x.shape[0], np.float64)
+    lse = torch.empty(x.shape[0], dtype=torch.float32)
+    launch(_forward, config["threads"], array(x), t, ignore, config["online"], losses, lse.numpy())
+    count = int((t != ignore).sum())
+    loss = losses.sum() / count if count else float("nan")
+    return torch.tensor(loss, dtype=x.dtype), lse
+
+
+def backward(grads, tensors, results, attrs, config):
+    (g,), (x, target), (_, lse) = grads, tensors, results
+    t = array(target)
+    count = int((t != attrs["ignore_index"]).sum())
+    dx = torch.empty(x.shape, dtype=x.dtype)
+    scale = float(g) / count if count else float("nan")
+    launch(_backward, config["threads"], array(x), t, attrs["ignore_index"], array(lse), np.float32(scale),
+           dx.numpy())
+    return (dx,)
+
+
+def fake(tensors, attrs):
+    x, _ = tensors
+    return x.new_empty(()), x.new_empty(x.shape[:1], dtype=torch.float32)
+
+
+def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
+    x, t = specs
+    if len(x.shape) != 2 or len(t.shape) != 1 or t.shape[0] != x.shape[0]:
+        return f"logits {list(x.shape)} and target {list(t.shape)} (supports logits [N, V], target [N])"
+    return require(specs, {0: ("float32",), 1: ("int64",)})
+
+
+def constraint(config: dict, key: Key) -> bool:
+    return config["threads"] == 1 or key.inputs[0][0][0] >= config["threads"]
+
+
+CPU_ROWS = register_impl(Impl(
+    op=CROSS_ENTROPY, name="cpu_rows", backend="cpu", forward=forward, backward=backward, fake=fake,
+    supports=supports, space={"threads": thread_choices(), "online": (0, 1)},
+    default={"threads": max_threads(), "online": 0}, constraint=constraint, saved=1,
+))

@@ -1,0 +1,37 @@
+"""Cross-entropy of logits [N, V] against int64 targets [N], mean over the targets not ignored."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...registry import Key, Op, register_op
+
+
+def reference(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    return F.cross_entropy(logits, target, ignore_index=ignore_index)
+
+
+def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, ignored: float = 0.05,
+                **_) -> tuple[torch.Tensor, ...]:
+    """Logits of a half-trained model (spread about 2) and targets with a few ignored (padding) positions."""
+    (ls, ld), (ts, _) = key.inputs
+    logits = 2.0 * torch.randn(ls, generator=gen, dtype=getattr(torch, ld))
+    if samples is not None and "target" in samples and tuple(samples["target"].shape) == tuple(ts):
+        return logits, samples["target"].clone()
+    target = torch.randint(0, ls[-1], ts, generator=gen)
+    pad = torch.rand(ts, generator=gen) < ignored
+    pad.view(-1)[:1] = False  # at least one target counts: an all-ignored batch has no loss to compare
+    return logits, target.masked_fill(pad, key.attr_dict["ignore_index"])
+
+
+CROSS_ENTROPY = register_op(Op(
+    name="cross_entropy", reference=reference, tensors=("logits", "target"), attrs={"ignore_index": int},
+    defaults={"ignore_index": -100}, differentiable=("logits",), data_dependent=("target",),
+    make_inputs=make_inputs,
+    examples=(
+        ((((1, 5), "float32"), ((1,), "int64")), {}),
+        ((((37, 1000), "float32"), ((37,), "int64")), {}),
+        ((((256, 4096), "float32"), ((256,), "int64")), {}),
+    ),
+))

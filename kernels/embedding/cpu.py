@@ -1,0 +1,53 @@
+"""Embedding on the CPU (numba): a parallel row gather; backward, a scatter-add (see _indexed)."""
+
+from __future__ import annotations
+
+import torch
+
+from ...registry import Impl, Key, TensorSpec, register_impl
+from .._cpu import array, max_threads, out_of_range, require, thread_choices
+from .._indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
+from .op import EMBEDDING
+
+
+def forward(tensors, attrs, config):
+    ids, w = tensors
+    idx = array(ids).reshape(-1)
+    if out_of_range(idx, w.shape[0]) is not None:
+        raise IndexError("index out of range in self")
+    out = torch.empty((*ids.shape, w.shape[1]), dtype=w.dtype)
+    gather(array(w), idx, out.numpy().reshape(idx.size, -1), config["threads"])
+    return (out,)
+
+
+def backward(grads, tensors, results, attrs, config):
+    (dy,), (ids, w) = grads, tensors
+    dw = torch.empty(w.shape, dtype=w.dtype)
+    idx = array(ids).reshape(-1)
+    scatter_add(array(dy).reshape(idx.size, -1), idx, dw.numpy(), config["scatter"], config["threads"])
+    return (dw,)
+
+
+def fake(tensors, attrs):
+    ids, w = tensors
+    return (w.new_empty((*ids.shape, w.shape[1])),)
+
+
+def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
+    ids, w = specs
+    if len(w.shape) != 2:
+        return f"weight of shape {list(w.shape)} (needs [V, D])"
+    return require(specs, {0: ("int64",), 1: ("float32",)})
+
+
+def constraint(config: dict, key: Key) -> bool:
+    if key.mode == "inference":
+        return True
+    return not (config["threads"] == 1 and config["scatter"] == BLOCKS)  # that is the serial scatter
+
+
+CPU_GATHER = register_impl(Impl(
+    op=EMBEDDING, name="cpu_gather", backend="cpu", forward=forward, backward=backward, fake=fake,
+    supports=supports, space={"threads": thread_choices(), "scatter": (SERIAL, BLOCKS, SORTED)},
+    default={"threads": max_threads(), "scatter": SORTED}, constraint=constraint, backward_params=("scatter",),
+))

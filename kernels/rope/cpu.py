@@ -1,0 +1,114 @@
+"""RoPE on the CPU (numba): queries and keys rotated in one pass over each (batch, position).
+
+Each task owns whole positions, so it also owns their rows of the cos and sin gradients
+(summed over heads) with no conflicts. ``positions_per_task`` sets the grain.
+"""
+
+from __future__ import annotations
+
+import torch
+from numba import prange
+
+from ...registry import Impl, Key, TensorSpec, register_impl
+from .._cpu import array, kernel, launch, max_threads, require, thread_choices
+from .op import ROPE
+
+POSITIONS = (1, 8, 64)
+
+
+def _forward_body(q, k, c, s, grain, qo, ko):
+    nb, hq, ns, d = q.shape
+    hk = k.shape[1]
+    half = d // 2
+    tasks = nb * ((ns + grain - 1) // grain)
+    for t in prange(tasks):
+        b = t % nb
+        p0 = (t // nb) * grain
+        for p in range(p0, min(ns, p0 + grain)):
+            for h in range(hq):
+                for j in range(half):
+                    a, z = q[b, h, p, j], q[b, h, p, j + half]
+                    qo[b, h, p, j] = a * c[b, p, j] - z * s[b, p, j]
+                    qo[b, h, p, j + half] = z * c[b, p, j + half] + a * s[b, p, j + half]
+            for h in range(hk):
+                for j in range(half):
+                    a, z = k[b, h, p, j], k[b, h, p, j + half]
+                    ko[b, h, p, j] = a * c[b, p, j] - z * s[b, p, j]
+                    ko[b, h, p, j + half] = z * c[b, p, j + half] + a * s[b, p, j + half]
+
+
+def _backward_body(gq, gk, q, k, c, s, grain, dq, dk, dc, ds):
+    nb, hq, ns, d = q.shape
+    hk = k.shape[1]
+    half = d // 2
+    tasks = nb * ((ns + grain - 1) // grain)
+    for t in prange(tasks):
+        b = t % nb
+        p0 = (t // nb) * grain
+        for p in range(p0, min(ns, p0 + grain)):
+            for j in range(d):
+                dc[b, p, j] = 0.0
+                ds[b, p, j] = 0.0
+            for which in range(2):
+                x, g, dx, heads = (q, gq, dq, hq) if which == 0 else (k, gk, dk, hk)
+                for h in range(heads):
+                    for j in range(half):
+                        a, z = x[b, h, p, j], x[b, h, p, j + half]
+                        ga, gz = g[b, h, p, j], g[b, h, p, j + half]
+                        dx[b, h, p, j] = ga * c[b, p, j] + gz * s[b, p, j + half]
+                        dx[b, h, p, j + half] = gz * c[b, p, j + half] - ga * s[b, p, j]
+                        dc[b, p, j] += ga * a
+                        dc[b, p, j + half] += gz * z
+                        ds[b, p, j] -= ga * z
+                        ds[b, p, j + half] += gz * a
+
+
+_forward = kernel(_forward_body)
+_backward = kernel(_backward_body)
+
+
+def forward(tensors, attrs, config):
+    q, k, c, s = tensors
+    qo, ko = torch.empty(q.shape, dtype=q.dtype), torch.empty(k.shape, dtype=k.dtype)
+    launch(_forward, config["threads"], array(q), array(k), array(c), array(s), config["positions_per_task"],
+           qo.numpy(), ko.numpy())
+    return qo, ko
+
+
+def backward(grads, tensors, results, attrs, config):
+    (gq, gk), (q, k, c, s) = grads, tensors
+    dq, dk = torch.empty(q.shape, dtype=q.dtype), torch.empty(k.shape, dtype=k.dtype)
+    dc, ds = torch.empty(c.shape, dtype=c.dtype), torch.empty(s.shape, dtype=s.dtype)
+    launch(_backward, config["threads"], array(gq), array(gk), array(q), array(k), array(c), array(s),
+           config["positions_per_task"], dq.numpy(), dk.numpy(), dc.numpy(), ds.numpy())
+    return dq, dk, dc, ds
+
+
+def fake(tensors, attrs):
+    q, k, _, _ = tensors
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
+    q, k, c, s = specs
+    if len(q.shape) != 4 or len(k.shape) != 4 or len(c.shape) != 3 or c.shape != s.shape:
+        return "shapes other than q, k [batch, heads, seq, dim] and cos, sin [batch, seq, dim]"
+    b, _, n, d = q.shape
+    if k.shape[0] != b or k.shape[2:] != (n, d) or c.shape != (b, n, d):
+        return f"shapes q {list(q.shape)}, k {list(k.shape)}, cos {list(c.shape)} (no broadcasting)"
+    if d % 2:
+        return f"odd head dim {d}"
+    return require(specs, {i: ("float32",) for i in range(4)})
+
+
+def constraint(config: dict, key: Key) -> bool:
+    b, _, n, _ = key.inputs[0][0]
+    tasks = b * -(-n // config["positions_per_task"])
+    return config["threads"] == 1 or tasks >= config["threads"]
+
+
+CPU_POSITIONS = register_impl(Impl(
+    op=ROPE, name="cpu_positions", backend="cpu", forward=forward, backward=backward, fake=fake, supports=supports,
+    space={"threads": thread_choices(), "positions_per_task": POSITIONS},
+    default={"threads": max_threads(), "positions_per_task": 8}, constraint=constraint,
+))

@@ -1,0 +1,32 @@
+"""Segment sum: rows of ``src`` added into ``num_segments`` rows by ``index``; its src gradient is a gather."""
+
+from __future__ import annotations
+
+import torch
+
+from ...registry import Key, Op, register_op
+from .._indices import make_index, sample_or
+
+
+def reference(src: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
+    return src.new_zeros(num_segments, *src.shape[1:]).index_add_(0, index, src)
+
+
+def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, dist: str = "uniform",
+                sort: bool = False, **_) -> tuple[torch.Tensor, ...]:
+    (sshape, sd), (ishape, _) = key.inputs
+    index = sample_or(samples, "index", ishape)
+    if index is None:
+        index = make_index(ishape, key.attr_dict["num_segments"], gen, dist, sort)
+    return torch.randn(sshape, generator=gen, dtype=getattr(torch, sd)), index
+
+
+SEGMENT_SUM = register_op(Op(
+    name="segment_sum", reference=reference, tensors=("src", "index"), attrs={"num_segments": int},
+    defaults={}, differentiable=("src",), data_dependent=("index",), make_inputs=make_inputs,
+    examples=(
+        ((((1, 3), "float32"), ((1,), "int64")), {"num_segments": 1}),
+        ((((40, 7), "float32"), ((40,), "int64")), {"num_segments": 9}),
+        ((((1000, 2, 64), "float32"), ((1000,), "int64")), {"num_segments": 300}),
+    ),
+))

@@ -1,0 +1,103 @@
+"""Softmax over the last dim on the CPU (numba), parallel over rows.
+
+``online=1``: two passes over each row, a running max and rescaled sum, then the
+write (more exponentials, less memory traffic); ``online=0``: three passes, max,
+then exp stored into the output with its sum, then one scaling pass (vectorises).
+Backward: dx = y * (dy - sum(dy * y)), from the saved output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import prange
+
+from ...registry import Impl, Key, TensorSpec, register_impl
+from .._cpu import array, kernel, launch, max_threads, require, thread_choices
+from .op import SOFTMAX
+
+
+def _forward_body(x, online, y):
+    n, d = x.shape
+    for r in prange(n):
+        m = np.float32(-np.inf)
+        s = np.float32(0.0)
+        if online:
+            for j in range(d):
+                v = x[r, j]
+                if v > m:
+                    s = s * np.exp(m - v) + np.float32(1.0)
+                    m = v
+                else:
+                    s += np.exp(v - m)
+            inv = np.float32(1.0) / s
+            for j in range(d):
+                y[r, j] = np.exp(x[r, j] - m) * inv
+        else:
+            for j in range(d):
+                m = max(m, x[r, j])
+            for j in range(d):
+                e = np.exp(x[r, j] - m)
+                y[r, j] = e
+                s += e
+            inv = np.float32(1.0) / s
+            for j in range(d):
+                y[r, j] *= inv
+
+
+def _backward_body(dy, y, dx):
+    n, d = y.shape
+    for r in prange(n):
+        acc = np.float32(0.0)
+        for j in range(d):
+            acc += dy[r, j] * y[r, j]
+        for j in range(d):
+            dx[r, j] = y[r, j] * (dy[r, j] - acc)
+
+
+_forward = kernel(_forward_body)
+_backward = kernel(_backward_body)
+
+
+def forward(tensors, attrs, config):
+    (x,) = tensors
+    y = torch.empty(x.shape, dtype=x.dtype)
+    d = x.shape[-1]
+    launch(_forward, config["threads"], array(x).reshape(-1, d), config["online"], y.numpy().reshape(-1, d))
+    return (y,)
+
+
+def backward(grads, tensors, results, attrs, config):
+    (dy,), (y,) = grads, results
+    dx = torch.empty(y.shape, dtype=y.dtype)
+    d = y.shape[-1]
+    launch(_backward, config["threads"], array(dy).reshape(-1, d), array(y).reshape(-1, d), dx.numpy().reshape(-1, d))
+    return (dx,)
+
+
+def fake(tensors, attrs):
+    (x,) = tensors
+    return (x.new_empty(x.shape),)
+
+
+def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
+    (x,) = specs
+    why = require(specs, {0: ("float32",)})
+    if why:
+        return why
+    if attrs["dim"] not in (-1, len(x.shape) - 1):
+        return f"dim={attrs['dim']} (supports the last dim)"
+    return None
+
+
+def constraint(config: dict, key: Key) -> bool:
+    ((shape, _),) = key.inputs
+    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    return config["threads"] == 1 or rows >= config["threads"]
+
+
+CPU_ROWS = register_impl(Impl(
+    op=SOFTMAX, name="cpu_rows", backend="cpu", forward=forward, backward=backward, fake=fake, supports=supports,
+    space={"threads": thread_choices(), "online": (0, 1)},
+    default={"threads": max_threads(), "online": 0}, constraint=constraint,
+))

@@ -1,0 +1,27 @@
+"""Softmax over a dim: the op, its reference and its benchmark inputs."""
+
+from __future__ import annotations
+
+import torch
+
+from ...registry import Key, Op, register_op
+
+
+def reference(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return torch.softmax(x, dim)
+
+
+def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, **_) -> tuple[torch.Tensor, ...]:
+    ((shape, dtype),) = key.inputs
+    return (3.0 * torch.randn(shape, generator=gen, dtype=getattr(torch, dtype)),)
+
+
+SOFTMAX = register_op(Op(
+    name="softmax", reference=reference, tensors=("x",), attrs={"dim": int}, defaults={"dim": -1},
+    differentiable=("x",), make_inputs=make_inputs,
+    examples=(
+        ((((1, 5), "float32"),), {}),
+        ((((37, 129), "float32"),), {}),
+        ((((2, 3, 16, 300), "float32"),), {}),
+    ),
+))

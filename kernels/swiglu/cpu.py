@@ -1,0 +1,82 @@
+"""SwiGLU on the CPU (numba): one fused elementwise pass, forward and backward.
+
+The work is split into tasks of ``block`` elements: small blocks balance the threads,
+large ones keep each thread streaming; ``threads=1`` skips the parallel launch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import prange
+
+from ...registry import Impl, Key, TensorSpec, register_impl
+from .._cpu import array, kernel, launch, max_threads, require, thread_choices
+from .op import SWIGLU
+
+BLOCKS = (4096, 16384, 65536)
+
+
+def _forward_body(g, u, block, out):
+    n = g.size
+    for t in prange((n + block - 1) // block):
+        for i in range(t * block, min(n, (t + 1) * block)):
+            x = g[i]
+            out[i] = x / (np.float32(1.0) + np.exp(-x)) * u[i]
+
+
+def _backward_body(dy, g, u, block, dg, du):
+    n = g.size
+    for t in prange((n + block - 1) // block):
+        for i in range(t * block, min(n, (t + 1) * block)):
+            x = g[i]
+            s = np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
+            du[i] = dy[i] * x * s
+            dg[i] = dy[i] * u[i] * s * (np.float32(1.0) + x * (np.float32(1.0) - s))
+
+
+_forward = kernel(_forward_body)
+_backward = kernel(_backward_body)
+
+
+def forward(tensors, attrs, config):
+    g, u = tensors
+    out = torch.empty(g.shape, dtype=g.dtype)
+    launch(_forward, config["threads"], array(g).reshape(-1), array(u).reshape(-1), config["block"],
+           out.numpy().reshape(-1))
+    return (out,)
+
+
+def backward(grads, tensors, results, attrs, config):
+    (dy,), (g, u) = grads, tensors
+    dg, du = torch.empty(g.shape, dtype=g.dtype), torch.empty(u.shape, dtype=u.dtype)
+    launch(_backward, config["threads"], array(dy).reshape(-1), array(g).reshape(-1), array(u).reshape(-1),
+           config["block"], dg.numpy().reshape(-1), du.numpy().reshape(-1))
+    return dg, du
+
+
+def fake(tensors, attrs):
+    g, _ = tensors
+    return (g.new_empty(g.shape),)
+
+
+def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
+    g, u = specs
+    if g.shape != u.shape:
+        return f"shapes {list(g.shape)} and {list(u.shape)} (no broadcasting)"
+    return require(specs, {0: ("float32",), 1: ("float32",)})
+
+
+def constraint(config: dict, key: Key) -> bool:
+    n = int(np.prod(key.inputs[0][0]))
+    tasks = -(-n // config["block"])
+    if config["threads"] > 1 and tasks < config["threads"]:
+        return False
+    return config["block"] == min(BLOCKS) or config["block"] <= n  # larger blocks than the tensor are all alike
+
+
+CPU_FUSED = register_impl(Impl(
+    op=SWIGLU, name="cpu_fused", backend="cpu", forward=forward, backward=backward, fake=fake, supports=supports,
+    space={"threads": thread_choices(), "block": BLOCKS},
+    default={"threads": max_threads(), "block": 16384}, constraint=constraint,
+))

@@ -1,0 +1,27 @@
+"""SwiGLU: ``silu(gate) * up``."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...registry import Key, Op, register_op
+
+
+def reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, **_) -> tuple[torch.Tensor, ...]:
+    return tuple(2.0 * torch.randn(s, generator=gen, dtype=getattr(torch, d)) for s, d in key.inputs)
+
+
+SWIGLU = register_op(Op(
+    name="swiglu", reference=reference, tensors=("gate", "up"), differentiable=("gate", "up"),
+    make_inputs=make_inputs,
+    examples=(
+        ((((1, 3), "float32"), ((1, 3), "float32")), {}),
+        ((((7, 333), "float32"), ((7, 333), "float32")), {}),
+        ((((2, 64, 512), "float32"), ((2, 64, 512), "float32")), {}),
+    ),
+))

@@ -1,0 +1,207 @@
+"""The pack's ops (besides RMSNorm): each function against its PyTorch expression in float64, forward and
+backward, kernels on and off, on shapes drawn fresh each run; opcheck; declines; graphs; edge cases."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import nki_autotune.kernels as nk
+from nki_autotune.registry import explain, get_op
+
+from .helpers import as64, rel_err, run_with_grads
+
+SEED = random.SystemRandom().randrange(2**31)
+RNG = random.Random(SEED)
+
+
+def _shapes(n=3):
+    """Fresh (rows, width) pairs each run, small and odd included; the seed is in the test ids."""
+    return [(1, RNG.randint(1, 9))] + [(RNG.randint(2, 300), RNG.randint(2, 700)) for _ in range(n - 1)]
+
+
+def _idx(n, size, gen, repeat=False):
+    if repeat:  # a few hot indices, repeated
+        return torch.randint(0, max(1, min(size, 3)), (n,), generator=gen)
+    return torch.randint(0, size, (n,), generator=gen)
+
+
+def softmax_case(shape, gen):
+    x = torch.randn(shape, generator=gen) * 4
+    return "softmax", (x,), (-1,), lambda x: torch.softmax(x, -1), lambda x: nk.softmax(x, -1)
+
+
+def swiglu_case(shape, gen):
+    g, u = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    return "swiglu", (g, u), (), lambda g, u: F.silu(g) * u, nk.swiglu
+
+
+def rope_case(shape, gen):
+    rows, width = shape
+    b, s, d = max(1, rows % 3), max(1, rows // 10 + 1), 2 * max(1, width // 40)
+    hq, hk = RNG.choice([(4, 4), (4, 2), (1, 1)])
+    q, k = torch.randn(b, hq, s, d, generator=gen), torch.randn(b, hk, s, d, generator=gen)
+    ang = torch.rand(b, s, d // 2, generator=gen) * 6
+    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+    ref = get_op("rope").reference
+    return "rope", (q, k, cos, sin), (), ref, nk.rope
+
+
+def cross_entropy_case(shape, gen):
+    n, v = shape
+    logits = torch.randn(n, v + 1, generator=gen) * 2
+    target = torch.randint(0, v + 1, (n,), generator=gen)
+    target[torch.rand(n, generator=gen) < 0.2] = -100
+    target[0] = 0
+    return ("cross_entropy", (logits, target), (-100,), lambda x, t: F.cross_entropy(x, t, ignore_index=-100),
+            lambda x, t: nk.cross_entropy(x, t))
+
+
+def embedding_case(shape, gen):
+    n, d = shape
+    v = RNG.randint(1, 500)
+    ids = _idx(n * 2, v, gen, repeat=RNG.random() < 0.5).reshape(2, n)
+    w = torch.randn(v, d, generator=gen)
+    return "embedding", (ids, w), (), F.embedding, nk.embedding
+
+
+def segment_sum_case(shape, gen):
+    n, d = shape
+    segs = RNG.randint(1, 2 * n)  # more segments than rows: some stay empty
+    index = _idx(n, segs, gen, repeat=RNG.random() < 0.5)
+    src = torch.randn(n, 2, d, generator=gen)
+    ref = get_op("segment_sum").reference
+    return ("segment_sum", (src, index), (segs,), lambda s, i: ref(s, i, segs),
+            lambda s, i: nk.segment_sum(s, i, segs))
+
+
+CASES = [softmax_case, swiglu_case, rope_case, cross_entropy_case, embedding_case, segment_sum_case]
+
+
+@pytest.mark.parametrize("switch", ["on", "off"])
+@pytest.mark.parametrize("shape", _shapes(), ids=lambda s: f"{s[0]}x{s[1]}-seed{SEED}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__.removesuffix("_case"))
+def test_matches_float64_reference_forward_and_backward(switches, case, shape, switch):
+    gen = torch.Generator().manual_seed(RNG.randrange(2**31))
+    name, inputs, attrs, ref, fn = case(shape, gen)
+    switches(NKI_AUTOTUNE_KERNELS=switch)
+    leaves = tuple(t.requires_grad_() if t.is_floating_point() else t for t in inputs)
+    exp = explain(name, *leaves, *attrs)
+    assert exp.path == ("kernel" if switch == "on" else "compiler"), exp
+    outs, grads = run_with_grads(fn, inputs)
+    ref_outs, ref_grads = run_with_grads(ref, as64(inputs))
+    for o, r in zip(outs, ref_outs):
+        assert o.shape == r.shape and o.dtype == torch.float32
+        assert rel_err(o, r) < 1e-5
+    for g, r in zip(grads, ref_grads):
+        assert g.shape == r.shape
+        assert rel_err(g, r) < 1e-5
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__.removesuffix("_case"))
+def test_opcheck(case):
+    gen = torch.Generator().manual_seed(3)
+    name, inputs, attrs, _, _ = case((5, 12), gen)
+    for impl in get_op(name).impls.values():
+        if impl.backend != "cpu":
+            continue
+        cfg = impl.config_values(impl.configs()[-1])
+        args = tuple(t.requires_grad_() if t.is_floating_point() else t for t in inputs)
+        torch.library.opcheck(impl.fwd_op, (*args, *attrs, *cfg))
+
+
+@pytest.mark.parametrize("name, args, why", [
+    ("softmax", lambda: (torch.randn(4, 6, dtype=torch.float64), 1), "dtype float64"),
+    ("softmax", lambda: (torch.randn(4, 6), 0), "dim=0"),
+    ("softmax", lambda: (torch.randn(6, 4).t(), -1), "non-contiguous"),
+    ("swiglu", lambda: (torch.randn(4, 6), torch.randn(1, 6)), "no broadcasting"),
+    ("rope", lambda: (torch.randn(1, 2, 3, 5), torch.randn(1, 2, 3, 5), torch.randn(1, 3, 5), torch.randn(1, 3, 5)),
+     "odd head dim"),
+    ("rope", lambda: (torch.randn(2, 2, 3, 4), torch.randn(2, 2, 3, 4), torch.randn(1, 3, 4), torch.randn(1, 3, 4)),
+     "no broadcasting"),
+    ("cross_entropy", lambda: (torch.randn(2, 3, 4), torch.zeros(2, 4, dtype=torch.long), -100), "supports logits"),
+    ("embedding", lambda: (torch.zeros(3, dtype=torch.int32), torch.randn(4, 2)), "dtype int32"),
+    ("segment_sum", lambda: (torch.randn(3, 2).bfloat16(), torch.zeros(3, dtype=torch.long), 2), "dtype bfloat16"),
+])
+def test_declines_take_the_compiler_path(switches, name, args, why):
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    a = args()
+    exp = explain(name, *a)
+    assert exp.path == "compiler" and why in exp.reason, exp.reason
+    fn = getattr(nk, name)
+    ref = get_op(name).reference
+    torch.testing.assert_close(_first(fn(*a)), _first(ref(*a)))
+
+
+def _first(x):
+    return x[0] if isinstance(x, tuple) else x
+
+
+def test_cross_entropy_with_every_target_ignored_is_nan_like_pytorch(switches):
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    logits = torch.randn(4, 7, requires_grad=True)
+    target = torch.full((4,), -100)
+    got = nk.cross_entropy(logits, target)
+    assert torch.isnan(got) and torch.isnan(F.cross_entropy(logits, target))
+    got.backward()
+    ref = logits.detach().clone().requires_grad_()
+    F.cross_entropy(ref, target).backward()
+    torch.testing.assert_close(logits.grad, ref.grad, equal_nan=True)
+
+
+def test_segment_sum_empty_segments_and_repeated_indices(switches):
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    src = torch.randn(6, 3)
+    index = torch.tensor([4, 4, 4, 0, 4, 0])
+    out = nk.segment_sum(src, index, 7)
+    expect = torch.zeros(7, 3)
+    expect[0] = src[3] + src[5]
+    expect[4] = src[0] + src[1] + src[2] + src[4]
+    torch.testing.assert_close(out, expect)
+    for impl_cfg in get_op("segment_sum").impls["cpu_scatter"].configs():  # every scatter strategy
+        cfg = tuple(impl_cfg.values())
+        torch.testing.assert_close(get_op("segment_sum").impls["cpu_scatter"].fwd_op(src, index, 7, *cfg), expect)
+
+
+@pytest.mark.parametrize("name, call, error, message", [
+    ("embedding", lambda f: f(torch.tensor([0, 9]), torch.randn(5, 2)), IndexError, "index out of range in self"),
+    ("embedding", lambda f: f(torch.tensor([-1]), torch.randn(5, 2)), IndexError, "index out of range in self"),
+    ("segment_sum", lambda f: f(torch.randn(2, 2), torch.tensor([0, 5]), 3), RuntimeError,
+     "index 5 is out of bounds for dimension 0 with size 3"),
+    ("cross_entropy", lambda f: f(torch.randn(2, 3), torch.tensor([0, 7])), IndexError, "Target 7 is out of bounds"),
+])
+@pytest.mark.parametrize("switch", ["on", "off"])
+def test_out_of_range_indices_raise_what_pytorch_raises(switches, name, call, error, message, switch):
+    switches(NKI_AUTOTUNE_KERNELS=switch)
+    with pytest.raises(error, match=message):
+        call(getattr(nk, name))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__.removesuffix("_case"))
+def test_under_torch_compile_the_kernel_is_in_the_graph_without_breaks(switches, case):
+    from torch._dynamo.utils import counters
+
+    gen = torch.Generator().manual_seed(5)
+    name, inputs, attrs, ref, fn = case((6, 16), gen)
+    impl = next(i for i in get_op(name).impls.values() if i.backend == "cpu")
+    for switch, present in (("on", True), ("off", False)):
+        torch._dynamo.reset()
+        counters.clear()
+        switches(NKI_AUTOTUNE_KERNELS=switch)
+        graphs = []
+
+        def backend(gm, example_inputs, graphs=graphs):
+            graphs.append(gm)
+            return gm.forward
+
+        compiled = torch.compile(lambda *a: fn(*a), backend=backend, fullgraph=True, dynamic=False)
+        for _ in range(3):
+            out = compiled(*inputs)
+        assert len(graphs) == 1 and counters["graph_break"] == {}
+        targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"}
+        assert (f"nki_autotune.{impl.op_name}.default" in targets) == present
+        torch.testing.assert_close(_first(out), _first(ref(*inputs)), rtol=1e-4, atol=1e-5)
+    torch._dynamo.reset()
