@@ -15,6 +15,7 @@ import time
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -50,6 +51,8 @@ class Workload:
     sets: int = 3
     seed: int = 0
     samples: dict[str, torch.Tensor] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    """Keyword options of the op's input generator (e.g. an index distribution, for benchmarks)."""
     calls: int = 1
     empty_s: float = 0.0
     _inputs: list[tuple] = field(default_factory=list)
@@ -77,7 +80,7 @@ class Workload:
         for _ in range(self.sets):
             flat = []
             for _ in range(calls):
-                ts = self.op.make_inputs(self.key, gen, self.samples)
+                ts = self.op.make_inputs(self.key, gen, self.samples, **self.options)
                 ts = [t.to(self.backend.device) for t in ts]
                 for i in diff:
                     ts[i] = ts[i].detach().requires_grad_()

@@ -1,8 +1,10 @@
 """A small Llama-style decoder written with the kernel pack.
 
-Embedding, RMSNorm (also on queries and keys, as in Qwen3/OLMo2), rotary attention,
-a SwiGLU MLP and a cross-entropy loss; sized so that one training step on two CPU
-cores takes a fraction of a second.
+Every op of the pack where a model uses it: the token embedding, RMSNorm (also on
+queries and keys, as in Qwen3/OLMo2), rotary embedding of queries and keys, the
+attention softmax, a SwiGLU MLP, the cross-entropy loss, and a segment sum that pools
+the packed documents of each batch for a small auxiliary head. Sized so that one
+training step on two CPU cores takes a fraction of a second.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import nki_autotune.kernels as nk
@@ -27,6 +28,7 @@ class LlamaConfig:
     batch: int = 8
     eps: float = 1e-6
     rope_theta: float = 10000.0
+    doc_len: int = 64  # packed documents per row: seq / doc_len
 
 
 class RMSNorm(nn.Module):
@@ -37,11 +39,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nk.rmsnorm(x, self.weight, self.eps)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class Attention(nn.Module):
@@ -55,15 +52,14 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         b, s, d = x.shape
         q = self.q_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        q, k = self.q_norm(q.contiguous()), self.k_norm(k.contiguous())
-        c, sn = cos.unsqueeze(1), sin.unsqueeze(1)
-        q, k = q * c + rotate_half(q) * sn, k * c + rotate_half(k) * sn
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        q, k = nk.rope(self.q_norm(q.contiguous()), self.k_norm(k.contiguous()), cos, sin)
+        scores = (q @ k.transpose(-1, -2)) * self.head_dim ** -0.5 + mask
+        o = nk.softmax(scores, -1) @ v
         return self.o_proj(o.transpose(1, 2).reshape(b, s, d))
 
 
@@ -75,7 +71,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.hidden, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(nk.swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
 class Block(nn.Module):
@@ -86,8 +82,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -99,6 +95,7 @@ class Llama(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.norm = RMSNorm(cfg.dim, cfg.eps)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
+        self.doc_head = nn.Linear(cfg.dim, 1, bias=False)
         hd = cfg.dim // cfg.heads
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
         ang = torch.outer(torch.arange(cfg.seq, dtype=torch.float32), inv)
@@ -106,13 +103,20 @@ class Llama(nn.Module):
         # Static tables built once, outside any compiled region (they depend only on shapes).
         self.register_buffer("cos", emb.cos().expand(cfg.batch, -1, -1).contiguous(), persistent=False)
         self.register_buffer("sin", emb.sin().expand(cfg.batch, -1, -1).contiguous(), persistent=False)
+        causal = torch.full((cfg.seq, cfg.seq), float("-inf")).triu(1)
+        self.register_buffer("mask", causal, persistent=False)
+        self.n_docs = cfg.batch * cfg.seq // cfg.doc_len
+        self.register_buffer("doc_index", torch.arange(cfg.batch * cfg.seq) // cfg.doc_len, persistent=False)
 
     def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(ids)
+        x = nk.embedding(ids, self.embed_tokens.weight)
         for layer in self.layers:
-            x = layer(x, self.cos, self.sin)
-        logits = self.lm_head(self.norm(x))
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+            x = layer(x, self.cos, self.sin, self.mask)
+        h = self.norm(x)
+        logits = self.lm_head(h)
+        loss = nk.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+        docs = nk.segment_sum(h.view(-1, h.shape[-1]), self.doc_index, self.n_docs) / self.cfg.doc_len
+        return loss + 1e-2 * self.doc_head(docs).pow(2).mean()  # a z-loss on per-document scores
 
 
 def batches(cfg: LlamaConfig, seed: int = 0):

@@ -13,7 +13,7 @@ import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import array, kernel, launch, max_threads, out_of_range, require, thread_choices
+from .._cpu import array, exp32, kernel, launch, max_threads, out_of_range, require, thread_choices
 from .op import CROSS_ENTROPY
 
 
@@ -26,15 +26,15 @@ def _forward_body(x, target, ignore, online, losses, lse):
             for j in range(v):
                 a = x[r, j]
                 if a > m:
-                    s = s * np.exp(m - a) + np.float32(1.0)
+                    s = s * exp32(m - a) + np.float32(1.0)
                     m = a
                 else:
-                    s += np.exp(a - m)
+                    s += exp32(a - m)
         else:
             for j in range(v):
                 m = max(m, x[r, j])
             for j in range(v):
-                s += np.exp(x[r, j] - m)
+                s += exp32(x[r, j] - m)
         lse[r] = m + np.log(s)
         t = target[r]
         losses[r] = 0.0 if t == ignore else lse[r] - x[r, t]
@@ -50,7 +50,7 @@ def _backward_body(x, target, ignore, lse, scale, dx):
             continue
         l = lse[r]
         for j in range(v):
-            dx[r, j] = np.exp(x[r, j] - l) * scale
+            dx[r, j] = exp32(x[r, j] - l) * scale
         dx[r, t] -= scale
 
 

@@ -13,7 +13,7 @@ import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import array, kernel, launch, max_threads, require, thread_choices
+from .._cpu import array, exp32, kernel, launch, max_threads, require, thread_choices
 from .op import SOFTMAX
 
 
@@ -26,18 +26,18 @@ def _forward_body(x, online, y):
             for j in range(d):
                 v = x[r, j]
                 if v > m:
-                    s = s * np.exp(m - v) + np.float32(1.0)
+                    s = s * exp32(m - v) + np.float32(1.0)
                     m = v
                 else:
-                    s += np.exp(v - m)
+                    s += exp32(v - m)
             inv = np.float32(1.0) / s
             for j in range(d):
-                y[r, j] = np.exp(x[r, j] - m) * inv
+                y[r, j] = exp32(x[r, j] - m) * inv
         else:
             for j in range(d):
                 m = max(m, x[r, j])
             for j in range(d):
-                e = np.exp(x[r, j] - m)
+                e = exp32(x[r, j] - m)
                 y[r, j] = e
                 s += e
             inv = np.float32(1.0) / s

@@ -11,7 +11,7 @@ import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import array, kernel, launch, max_threads, require, thread_choices
+from .._cpu import array, exp32, kernel, launch, max_threads, require, thread_choices
 from .op import SWIGLU
 
 BLOCKS = (4096, 16384, 65536)
@@ -20,19 +20,23 @@ BLOCKS = (4096, 16384, 65536)
 def _forward_body(g, u, block, out):
     n = g.size
     for t in prange((n + block - 1) // block):
-        for i in range(t * block, min(n, (t + 1) * block)):
-            x = g[i]
-            out[i] = x / (np.float32(1.0) + np.exp(-x)) * u[i]
+        lo, hi = t * block, min(n, (t + 1) * block)
+        gb, ub, ob = g[lo:hi], u[lo:hi], out[lo:hi]  # slices: the inner loop vectorises
+        for i in range(hi - lo):
+            x = gb[i]
+            ob[i] = x / (np.float32(1.0) + exp32(-x)) * ub[i]
 
 
 def _backward_body(dy, g, u, block, dg, du):
     n = g.size
     for t in prange((n + block - 1) // block):
-        for i in range(t * block, min(n, (t + 1) * block)):
-            x = g[i]
-            s = np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
-            du[i] = dy[i] * x * s
-            dg[i] = dy[i] * u[i] * s * (np.float32(1.0) + x * (np.float32(1.0) - s))
+        lo, hi = t * block, min(n, (t + 1) * block)
+        yb, gb, ub, dgb, dub = dy[lo:hi], g[lo:hi], u[lo:hi], dg[lo:hi], du[lo:hi]
+        for i in range(hi - lo):
+            x = gb[i]
+            s = np.float32(1.0) / (np.float32(1.0) + exp32(-x))
+            dub[i] = yb[i] * x * s
+            dgb[i] = yb[i] * ub[i] * s * (np.float32(1.0) + x * (np.float32(1.0) - s))
 
 
 _forward = kernel(_forward_body)
