@@ -6,6 +6,7 @@ import torch
 
 from ...registry import call
 from . import cpu as _cpu  # noqa: F401  (registers embedding.cpu_gather)
+from . import nki as _nki  # noqa: F401  (registers the NKI impl)
 from .op import EMBEDDING
 
 

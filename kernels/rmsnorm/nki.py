@@ -21,6 +21,7 @@ import torch
 from ...registry import Impl, Key, TensorSpec, register_impl
 from ...registry.nki import nisa, nki, nl
 from ...registry.nkisim.state import limits_target
+from .._nki import run
 from .op import RMSNORM
 
 ROWS_PER_TILE = (32, 64, 128)
@@ -147,15 +148,10 @@ def rmsnorm_bwd(dy, x, w, rstd, rows_per_tile, chunk, dw_in_psum):
 # -- the impl ------------------------------------------------------------------------------------------------------
 
 
-def _launch(kernel, device: torch.device):
-    """On a neuron device the kernel itself; anywhere else, its simulation (numerics only)."""
-    return kernel if device.type == "neuron" else nki.simulate(kernel)
-
-
 def forward(tensors: tuple, attrs: dict, config: dict) -> tuple[torch.Tensor, torch.Tensor]:
     x, w = tensors
     d = x.shape[-1]
-    y, rstd = _launch(rmsnorm_fwd, x.device)(x.reshape(-1, d), w, attrs["eps"], config["rows_per_tile"],
+    y, rstd = run(rmsnorm_fwd, x.device)(x.reshape(-1, d), w, attrs["eps"], config["rows_per_tile"],
                                              config["chunk"])
     return y.reshape(x.shape).to(x.device), rstd.reshape(x.shape[:-1]).to(x.device)
 
@@ -163,7 +159,7 @@ def forward(tensors: tuple, attrs: dict, config: dict) -> tuple[torch.Tensor, to
 def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: dict) -> tuple:
     (dy,), (x, w), (_, rstd) = grads, tensors, results
     d = x.shape[-1]
-    dx, dw = _launch(rmsnorm_bwd, x.device)(dy.reshape(-1, d), x.reshape(-1, d), w, rstd.reshape(-1, 1),
+    dx, dw = run(rmsnorm_bwd, x.device)(dy.reshape(-1, d), x.reshape(-1, d), w, rstd.reshape(-1, 1),
                                             config["rows_per_tile"], config["chunk"], config["dw_in_psum"])
     return dx.reshape(x.shape).to(x.device), dw.to(x.device)
 

@@ -6,6 +6,7 @@ import torch
 
 from ...registry import call
 from . import cpu as _cpu  # noqa: F401  (registers rope.cpu_positions)
+from . import nki as _nki  # noqa: F401  (registers the NKI impl)
 from .op import ROPE
 
 

@@ -1,0 +1,74 @@
+"""Embedding in NKI: rows gathered by indirect DMA; the weight gradient as a one-hot matmul on TensorE
+(duplicate ids are summed by the matmul itself, where a gather-add-scatter would lose them)."""
+
+from __future__ import annotations
+
+import torch
+
+from ...registry import Impl, Key, TensorSpec, register_impl
+from ...registry.nki import nki, nl
+from .._nki import ROWS, fits_sbuf, gather_rows, run, segment_matmul
+from .op import EMBEDDING
+
+CHUNK = (128, 512)
+
+
+@nki.jit
+def embedding_fwd(ids, weight, rows_per_tile):
+    """ids: HBM [n, 1] int32; weight: [V, D] -> [n, D]."""
+    out = nl.ndarray((ids.shape[0], weight.shape[1]), dtype=weight.dtype, buffer=nl.shared_hbm)
+    gather_rows(weight, ids, out, rows_per_tile)
+    return out
+
+
+@nki.jit
+def embedding_bwd(dy, ids, vocab, rows_per_tile, chunk):
+    """dy: [n, D]; ids: [n, 1] int32 -> dweight [vocab, D] float32."""
+    dw = nl.ndarray((vocab, dy.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    segment_matmul(dy, ids, dw, rows_per_tile, chunk)
+    return dw
+
+
+def forward(tensors, attrs, config):
+    ids, w = tensors
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= w.shape[0]):
+        raise IndexError("index out of range in self")
+    out = run(embedding_fwd, w.device)(ids.reshape(-1, 1).to(torch.int32), w, config["rows_per_tile"])
+    return (out.reshape(*ids.shape, w.shape[1]).to(w.device),)
+
+
+def backward(grads, tensors, results, attrs, config):
+    (dy,), (ids, w) = grads, tensors
+    dw = run(embedding_bwd, w.device)(dy.reshape(-1, w.shape[1]), ids.reshape(-1, 1).to(torch.int32), w.shape[0],
+                                     config["rows_per_tile"], config["chunk"])
+    return (dw.to(w.dtype).to(w.device),)
+
+
+def fake(tensors, attrs):
+    ids, w = tensors
+    return (w.new_empty((*ids.shape, w.shape[1])),)
+
+
+def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
+    ids, w = specs
+    if ids.dtype not in ("int64", "int32") or w.dtype not in ("float32", "bfloat16") or len(w.shape) != 2:
+        return f"ids {ids.dtype}, weight {w.dtype} {list(w.shape)} (supports int ids, a float32/bfloat16 [V, D])"
+    if w.shape[0] >= 1 << 24:
+        return f"vocabulary {w.shape[0]} (ids are compared in float32: under 2^24)"
+    if not fits_sbuf(4 * w.shape[1] + 8):
+        return f"width {w.shape[1]} (a row must fit one partition of SBUF)"
+    return None
+
+
+def constraint(config: dict, key: Key) -> bool:
+    n = 1
+    for s in key.inputs[0][0]:
+        n *= s
+    return config["rows_per_tile"] <= max(32, n) and fits_sbuf(4 * config["chunk"] * 2 + 4 * 128 * 2)
+
+
+NKI_GATHER = register_impl(Impl(
+    op=EMBEDDING, name="nki_gather", backend="neuron", forward=forward, backward=backward, fake=fake,
+    supports=supports, space={"rows_per_tile": ROWS, "chunk": CHUNK}, default={"rows_per_tile": 128, "chunk": 512},
+    constraint=constraint, backward_params=("chunk",),
+))

@@ -1,0 +1,74 @@
+"""Segment sum in NKI: a one-hot matmul on TensorE (repeated indices add up, empty segments stay zero);
+its src gradient, a row gather by indirect DMA."""
+
+from __future__ import annotations
+
+import torch
+
+from ...registry import Impl, Key, TensorSpec, register_impl
+from ...registry.nki import nki, nl
+from .._nki import ROWS, gather_rows, run, segment_matmul
+from .op import SEGMENT_SUM
+
+CHUNK = (128, 512)
+
+
+@nki.jit
+def segment_sum_fwd(src, index, num_segments, rows_per_tile, chunk):
+    """src: [n, F]; index: [n, 1] int32 -> [num_segments, F] float32."""
+    out = nl.ndarray((num_segments, src.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    segment_matmul(src, index, out, rows_per_tile, chunk)
+    return out
+
+
+@nki.jit
+def segment_sum_bwd(dy, index, rows_per_tile):
+    """dy: [S, F]; index: [n, 1] -> dsrc [n, F] = dy[index]."""
+    out = nl.ndarray((index.shape[0], dy.shape[1]), dtype=dy.dtype, buffer=nl.shared_hbm)
+    gather_rows(dy, index, out, rows_per_tile)
+    return out
+
+
+def forward(tensors, attrs, config):
+    src, index = tensors
+    n = attrs["num_segments"]
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= n):
+        bad = int(index.min()) if int(index.min()) < 0 else int(index.max())
+        raise RuntimeError(f"index {bad} is out of bounds for dimension 0 with size {n}")
+    out = run(segment_sum_fwd, src.device)(src.reshape(src.shape[0], -1), index.reshape(-1, 1).to(torch.int32), n,
+                                           config["rows_per_tile"], config["chunk"])
+    return (out.to(src.dtype).reshape(n, *src.shape[1:]).to(src.device),)
+
+
+def backward(grads, tensors, results, attrs, config):
+    (dy,), (src, index) = grads, tensors
+    dsrc = run(segment_sum_bwd, src.device)(dy.reshape(dy.shape[0], -1), index.reshape(-1, 1).to(torch.int32),
+                                            config["rows_per_tile"])
+    return (dsrc.reshape(src.shape).to(src.device),)
+
+
+def fake(tensors, attrs):
+    src, _ = tensors
+    return (src.new_empty((attrs["num_segments"], *src.shape[1:])),)
+
+
+def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
+    src, index = specs
+    if len(index.shape) != 1 or not src.shape or index.shape[0] != src.shape[0]:
+        return f"src {list(src.shape)} and index {list(index.shape)} (supports index [N], src [N, ...])"
+    if src.dtype not in ("float32", "bfloat16") or index.dtype not in ("int64", "int32"):
+        return f"src {src.dtype}, index {index.dtype} (supports float32/bfloat16 src, int index)"
+    if not 1 <= attrs["num_segments"] < 1 << 24:
+        return f"num_segments={attrs['num_segments']} (1 up to 2^24: indices are compared in float32)"
+    return None
+
+
+def constraint(config: dict, key: Key) -> bool:
+    return config["rows_per_tile"] <= max(32, key.inputs[1][0][0])
+
+
+NKI_MATMUL = register_impl(Impl(
+    op=SEGMENT_SUM, name="nki_matmul", backend="neuron", forward=forward, backward=backward, fake=fake,
+    supports=supports, space={"rows_per_tile": ROWS, "chunk": CHUNK}, default={"rows_per_tile": 128, "chunk": 512},
+    constraint=constraint,
+))

@@ -1,0 +1,101 @@
+"""Softmax over the last dim in NKI: rows on partitions; -rowmax by tensor_reduce, exp with that bias and
+the row sum through the ScalarE accumulator in one activation, then a reciprocal and one scaling.
+Backward: dx = y * (dy - sum(dy * y))."""
+
+from __future__ import annotations
+
+from ...registry import Impl, Key, TensorSpec, register_impl
+from ...registry.nki import nisa, nki, nl
+from .._nki import ROWS, fits_sbuf, run, tiles
+from .op import SOFTMAX
+
+_ITEM = {"float32": 4, "bfloat16": 2}
+
+
+@nki.jit
+def softmax_fwd(x, rows_per_tile):
+    n_rows, d = x.shape
+    p = rows_per_tile
+    y = nl.ndarray((n_rows, d), dtype=x.dtype, buffer=nl.shared_hbm)
+    for _, r0, n in tiles(n_rows, p):
+        xt = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=xt[0:n, :], src=x[r0:r0 + n, :])
+        nmx = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=nmx[0:n, :], op=nl.maximum, data=xt[0:n, :], axis=1, negate=True)
+        e = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
+        s = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e[0:n, :], op=nl.exp, data=xt[0:n, :], bias=nmx[0:n, :], reduce_op=nl.add,
+                        reduce_res=s[0:n, :], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        nisa.reciprocal(dst=s[0:n, :], data=s[0:n, :])
+        yt = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=yt[0:n, :], data=e[0:n, :], op0=nl.multiply, operand0=s[0:n, :])
+        nisa.dma_copy(dst=y[r0:r0 + n, :], src=yt[0:n, :])
+    return y
+
+
+@nki.jit
+def softmax_bwd(dy, y, rows_per_tile):
+    n_rows, d = y.shape
+    p = rows_per_tile
+    dx = nl.ndarray((n_rows, d), dtype=y.dtype, buffer=nl.shared_hbm)
+    for _, r0, n in tiles(n_rows, p):
+        gt = nl.ndarray((p, d), dtype=dy.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=gt[0:n, :], src=dy[r0:r0 + n, :])
+        yt = nl.ndarray((p, d), dtype=y.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=yt[0:n, :], src=y[r0:r0 + n, :])
+        prod = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=prod[0:n, :], data1=gt[0:n, :], data2=yt[0:n, :], op=nl.multiply)
+        s = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=s[0:n, :], op=nl.add, data=prod[0:n, :], axis=1)
+        nisa.tensor_scalar(dst=prod[0:n, :], data=gt[0:n, :], op0=nl.subtract, operand0=s[0:n, :])
+        dxt = nl.ndarray((p, d), dtype=y.dtype, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=dxt[0:n, :], data1=prod[0:n, :], data2=yt[0:n, :], op=nl.multiply)
+        nisa.dma_copy(dst=dx[r0:r0 + n, :], src=dxt[0:n, :])
+    return dx
+
+
+def forward(tensors, attrs, config):
+    (x,) = tensors
+    d = x.shape[-1]
+    return (run(softmax_fwd, x.device)(x.reshape(-1, d), config["rows_per_tile"]).reshape(x.shape).to(x.device),)
+
+
+def backward(grads, tensors, results, attrs, config):
+    (dy,), (y,) = grads, results
+    d = y.shape[-1]
+    dx = run(softmax_bwd, y.device)(dy.reshape(-1, d), y.reshape(-1, d), config["rows_per_tile"])
+    return (dx.reshape(y.shape).to(y.device),)
+
+
+def fake(tensors, attrs):
+    (x,) = tensors
+    return (x.new_empty(x.shape),)
+
+
+def sbuf_bytes(d: int, dtype: str) -> int:
+    return d * (2 * _ITEM[dtype] + 4) + 16  # x (or dy and y), the float32 exp or product, the output
+
+
+def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
+    (x,) = specs
+    if x.dtype not in _ITEM or not x.shape or x.numel == 0 or not x.is_contiguous:
+        return f"x {x.dtype} {list(x.shape)} (supports contiguous float32 or bfloat16)"
+    if attrs["dim"] not in (-1, len(x.shape) - 1):
+        return f"dim={attrs['dim']} (supports the last dim)"
+    if not fits_sbuf(sbuf_bytes(x.shape[-1], x.dtype)):
+        return f"rows of {x.shape[-1]} (a row must fit one partition of SBUF)"
+    return None
+
+
+def constraint(config: dict, key: Key) -> bool:
+    ((shape, _),) = key.inputs
+    rows = 1
+    for s in shape[:-1]:
+        rows *= s
+    return config["rows_per_tile"] <= max(32, rows)
+
+
+NKI_ROWS = register_impl(Impl(
+    op=SOFTMAX, name="nki_rows", backend="neuron", forward=forward, backward=backward, fake=fake, supports=supports,
+    space={"rows_per_tile": ROWS}, default={"rows_per_tile": 128}, constraint=constraint,
+))
