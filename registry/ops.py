@@ -6,6 +6,7 @@ import hashlib
 import inspect
 import itertools
 import sys
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,8 +98,8 @@ class Impl:
 
     @property
     def source_hash(self) -> str:
-        """Hash of the module that holds the kernel: a changed kernel is retuned."""
-        return _source_hash(self.forward)
+        """Hash of the kernel's module, the helpers it uses and its op's reference: a changed kernel is retuned."""
+        return _source_hash(self.forward, self.op.reference)
 
     def configs(self, key: Key | None = None, mode: str = "training") -> list[dict[str, int]]:
         """Every config of the space that the constraint admits at ``key``."""
@@ -139,16 +140,35 @@ class Impl:
         return f"({', '.join(args)}) -> {ret}"
 
 
-_hashes: dict[str, str] = {}
+_hashes: dict[tuple[str, ...], str] = {}
 
 
-def _source_hash(fn: Callable) -> str:
-    path = inspect.getsourcefile(fn) or fn.__module__
-    if path not in _hashes:
-        mod = sys.modules.get(fn.__module__)
-        text = inspect.getsource(mod) if mod is not None else inspect.getsource(fn)
-        _hashes[path] = hashlib.sha256(text.encode()).hexdigest()[:16]
-    return _hashes[path]
+def source_modules(module: str) -> list[str]:
+    """``module`` and the modules of its package family it draws names from, transitively: a kernel's
+    shared helpers (a vectorised exp, a scatter strategy) are part of its source."""
+    family = module.rsplit(".", 2)[0]
+    seen: set[str] = set()
+    stack = [module]
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in sys.modules:
+            continue
+        seen.add(name)
+        for value in vars(sys.modules[name]).values():
+            dep = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+            if isinstance(dep, str) and dep.startswith(family + ".") and dep not in seen:
+                stack.append(dep)
+    return sorted(seen)
+
+
+def _source_hash(*fns: Callable) -> str:
+    key = tuple(f.__module__ for f in fns)
+    if key not in _hashes:
+        h = hashlib.sha256()
+        for name in sorted({m for f in fns for m in source_modules(f.__module__)}):
+            h.update(inspect.getsource(sys.modules[name]).encode())
+        _hashes[key] = h.hexdigest()[:16]
+    return _hashes[key]
 
 
 _OPS: dict[str, Op] = {}

@@ -202,3 +202,12 @@ def test_real_timing_smoke(tmp_path):
     m = table.entries[0].measured
     assert m["kernel_us"] > 0 and m["compiler_us"] > 0 and m["compile_s"]["compiler"] > 0
     assert m["region"]["calls"] >= 1 and m["region"]["empty_us"] > 0
+
+
+def test_source_hash_covers_the_kernel_its_helpers_and_the_reference():
+    from nki_autotune.registry.ops import source_modules
+
+    assert source_modules("nki_autotune.kernels.embedding.cpu") == [
+        "nki_autotune.kernels._cpu", "nki_autotune.kernels._indexed", "nki_autotune.kernels.embedding.cpu"]
+    softmax = get_op("softmax").impls["cpu_rows"]
+    assert softmax.source_hash != IMPL.source_hash and len(softmax.source_hash) == 16
