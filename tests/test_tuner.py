@@ -211,3 +211,16 @@ def test_source_hash_covers_the_kernel_its_helpers_and_the_reference():
         "nki_autotune.kernels._cpu", "nki_autotune.kernels._indexed", "nki_autotune.kernels.embedding.cpu"]
     softmax = get_op("softmax").impls["cpu_rows"]
     assert softmax.source_hash != IMPL.source_hash and len(softmax.source_hash) == 16
+
+
+def test_journal_file_storage_is_shared_between_tuners(tmp_path):
+    """A journal file (e.g. on shared storage) serves as the study store of several machines."""
+    be = EagerCpu()
+    url = f"journal:///{tmp_path}/studies.log"
+    first = Tuner(be, Search(open_storage(url), be.fingerprint(), trials=20),
+                  Options(trials=20, search_rounds=3, final_rounds=5, sets=2), clock=FakeClock(fast_when()))
+    table = first.tune(Profile([site(shape=(32, 64))]))
+    clock = FakeClock(fast_when())
+    second = Tuner(be, Search(open_storage(url), be.fingerprint(), trials=20), Options(trials=20), clock=clock)
+    again = second.tune(Profile([site(shape=(32, 64))]))
+    assert clock.calls == 0 and again.entries[0].config == table.entries[0].config

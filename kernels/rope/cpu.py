@@ -6,6 +6,7 @@ Each task owns whole positions, so it also owns their rows of the cos and sin gr
 
 from __future__ import annotations
 
+import numba
 import torch
 from numba import prange
 
@@ -37,6 +38,22 @@ def _forward_body(q, k, c, s, grain, qo, ko):
                     ko[b, h, p, j + half] = z * c[b, p, j + half] + a * s[b, p, j + half]
 
 
+def _rotate_back(x, g, c, s, b, heads, p, half, dx, dc, ds):
+    """dx = the rotation of g by -angle; dcos += g * x and dsin += g * rot(x), summed over heads."""
+    for h in range(heads):
+        xr, gr, dr = x[b, h, p], g[b, h, p], dx[b, h, p]
+        cr, sr, dcr, dsr = c[b, p], s[b, p], dc[b, p], ds[b, p]
+        for j in range(half):
+            a, z = xr[j], xr[j + half]
+            ga, gz = gr[j], gr[j + half]
+            dr[j] = ga * cr[j] + gz * sr[j + half]
+            dr[j + half] = gz * cr[j + half] - ga * sr[j]
+            dcr[j] += ga * a
+            dcr[j + half] += gz * z
+            dsr[j] -= ga * z
+            dsr[j + half] += gz * a
+
+
 def _backward_body(gq, gk, q, k, c, s, grain, dq, dk, dc, ds):
     nb, hq, ns, d = q.shape
     hk = k.shape[1]
@@ -49,20 +66,11 @@ def _backward_body(gq, gk, q, k, c, s, grain, dq, dk, dc, ds):
             for j in range(d):
                 dc[b, p, j] = 0.0
                 ds[b, p, j] = 0.0
-            for which in range(2):
-                x, g, dx, heads = (q, gq, dq, hq) if which == 0 else (k, gk, dk, hk)
-                for h in range(heads):
-                    for j in range(half):
-                        a, z = x[b, h, p, j], x[b, h, p, j + half]
-                        ga, gz = g[b, h, p, j], g[b, h, p, j + half]
-                        dx[b, h, p, j] = ga * c[b, p, j] + gz * s[b, p, j + half]
-                        dx[b, h, p, j + half] = gz * c[b, p, j + half] - ga * s[b, p, j]
-                        dc[b, p, j] += ga * a
-                        dc[b, p, j + half] += gz * z
-                        ds[b, p, j] -= ga * z
-                        ds[b, p, j + half] += gz * a
+            _rotate_back_nb(q, gq, c, s, b, hq, p, half, dq, dc, ds)
+            _rotate_back_nb(k, gk, c, s, b, hk, p, half, dk, dc, ds)
 
 
+_rotate_back_nb = numba.njit(inline="always", fastmath=True)(_rotate_back)
 _forward = kernel(_forward_body)
 _backward = kernel(_backward_body)
 
