@@ -56,6 +56,27 @@ def exp32(x):
     return x if x != x else e
 
 
+@numba.njit(inline="always", fastmath=True)
+def max_sumexp(x, r, online):
+    """Row r's max m and sum(exp(x - m)): in one pass rescaling the sum (online) or in two."""
+    m = np.float32(-np.inf)
+    s = np.float32(0.0)
+    if online:
+        for j in range(x.shape[1]):
+            v = x[r, j]
+            if v > m:
+                s = s * exp32(m - v) + np.float32(1.0)
+                m = v
+            else:
+                s += exp32(v - m)
+    else:
+        for j in range(x.shape[1]):
+            m = max(m, x[r, j])
+        for j in range(x.shape[1]):
+            s += exp32(x[r, j] - m)
+    return m, s
+
+
 def launch(kern: tuple[Callable, Callable], threads: int, *args) -> None:
     if threads <= 1:
         kern[0](*args)

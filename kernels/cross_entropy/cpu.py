@@ -13,28 +13,13 @@ import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import array, exp32, kernel, launch, max_threads, out_of_range, require, thread_choices
-from .op import CROSS_ENTROPY
+from .._cpu import array, exp32, kernel, launch, max_sumexp, max_threads, out_of_range, require, thread_choices
+from .op import CROSS_ENTROPY, fake, shape_problem
 
 
 def _forward_body(x, target, ignore, online, losses, lse):
-    n, v = x.shape
-    for r in prange(n):
-        m = np.float32(-np.inf)
-        s = np.float32(0.0)
-        if online:
-            for j in range(v):
-                a = x[r, j]
-                if a > m:
-                    s = s * exp32(m - a) + np.float32(1.0)
-                    m = a
-                else:
-                    s += exp32(a - m)
-        else:
-            for j in range(v):
-                m = max(m, x[r, j])
-            for j in range(v):
-                s += exp32(x[r, j] - m)
+    for r in prange(x.shape[0]):
+        m, s = max_sumexp(x, r, online)
         lse[r] = m + np.log(s)
         t = target[r]
         losses[r] = 0.0 if t == ignore else lse[r] - x[r, t]
@@ -88,16 +73,8 @@ def backward(grads, tensors, results, attrs, config):
     return (dx,)
 
 
-def fake(tensors, attrs):
-    x, _ = tensors
-    return x.new_empty(()), x.new_empty(x.shape[:1], dtype=torch.float32)
-
-
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
-    x, t = specs
-    if len(x.shape) != 2 or len(t.shape) != 1 or t.shape[0] != x.shape[0]:
-        return f"logits {list(x.shape)} and target {list(t.shape)} (supports logits [N, V], target [N])"
-    return require(specs, {0: ("float32",), 1: ("int64",)})
+    return shape_problem(specs, attrs) or require(specs, {0: ("float32",), 1: ("int64",)})
 
 
 def constraint(config: dict, key: Key) -> bool:

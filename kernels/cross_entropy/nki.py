@@ -9,7 +9,7 @@ import torch
 from ...registry import Impl, Key, TensorSpec, register_impl
 from ...registry.nki import nisa, nki, nl
 from .._nki import ROWS, fits_sbuf, run, tiles
-from .op import CROSS_ENTROPY
+from .op import CROSS_ENTROPY, fake, shape_problem
 
 CHUNK = (512, 2048)
 
@@ -128,15 +128,11 @@ def backward(grads, tensors, results, attrs, config):
     return (dx.to(x.device),)
 
 
-def fake(tensors, attrs):
-    x, _ = tensors
-    return x.new_empty(()), x.new_empty(x.shape[:1], dtype=torch.float32)
-
-
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
+    why = shape_problem(specs, attrs)
+    if why:
+        return why
     x, t = specs
-    if len(x.shape) != 2 or len(t.shape) != 1 or t.shape[0] != x.shape[0] or x.numel == 0:
-        return f"logits {list(x.shape)} and target {list(t.shape)} (supports logits [N, V], target [N])"
     if x.dtype not in ("float32", "bfloat16") or t.dtype not in ("int64", "int32"):
         return f"logits {x.dtype}, target {t.dtype} (supports float32/bfloat16 logits, int targets)"
     if x.shape[1] >= 1 << 24:

@@ -25,6 +25,19 @@ def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, ign
     return logits, target.masked_fill(pad, key.attr_dict["ignore_index"])
 
 
+def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss, and the per-row log-sum-exp every impl keeps for its backward."""
+    x, _ = tensors
+    return x.new_empty(()), x.new_empty(x.shape[:1], dtype=torch.float32)
+
+
+def shape_problem(specs, attrs: dict) -> str | None:
+    x, t = specs
+    if len(x.shape) != 2 or len(t.shape) != 1 or t.shape[0] != x.shape[0] or x.numel == 0:
+        return f"logits {list(x.shape)} and target {list(t.shape)} (supports logits [N, V], target [N])"
+    return None
+
+
 CROSS_ENTROPY = register_op(Op(
     name="cross_entropy", reference=reference, tensors=("logits", "target"), attrs={"ignore_index": int},
     defaults={"ignore_index": -100}, differentiable=("logits",), data_dependent=("target",),

@@ -7,7 +7,7 @@ import torch
 from ...registry import Impl, Key, TensorSpec, register_impl
 from .._cpu import array, max_threads, out_of_range, require, thread_choices
 from .._indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
-from .op import EMBEDDING
+from .op import EMBEDDING, fake
 
 
 def forward(tensors, attrs, config):
@@ -26,11 +26,6 @@ def backward(grads, tensors, results, attrs, config):
     idx = array(ids).reshape(-1)
     scatter_add(array(dy).reshape(idx.size, -1), idx, dw.numpy(), config["scatter"], config["threads"])
     return (dw,)
-
-
-def fake(tensors, attrs):
-    ids, w = tensors
-    return (w.new_empty((*ids.shape, w.shape[1])),)
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:

@@ -8,7 +8,7 @@ import torch
 from ...registry import Impl, Key, TensorSpec, register_impl
 from ...registry.nki import nki, nl
 from .._nki import ROWS, fits_sbuf, gather_rows, run, segment_matmul
-from .op import EMBEDDING
+from .op import EMBEDDING, fake
 
 CHUNK = (128, 512)
 
@@ -42,11 +42,6 @@ def backward(grads, tensors, results, attrs, config):
     dw = run(embedding_bwd, w.device)(dy.reshape(-1, w.shape[1]), ids.reshape(-1, 1).to(torch.int32), w.shape[0],
                                      config["rows_per_tile"], config["chunk"])
     return (dw.to(w.dtype).to(w.device),)
-
-
-def fake(tensors, attrs):
-    ids, w = tensors
-    return (w.new_empty((*ids.shape, w.shape[1])),)
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:

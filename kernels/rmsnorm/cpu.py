@@ -16,7 +16,7 @@ from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
 from .._cpu import array, kernel, launch, max_threads, rows_view, thread_choices
-from .op import RMSNORM
+from .op import RMSNORM, fake, shape_problem
 
 ROWS_PER_TASK = (1, 4, 16, 64, 256)
 _COLS = 256  # columns per task of the dweight reduction
@@ -105,19 +105,12 @@ def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: 
     return dx, dw
 
 
-def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    x, _ = tensors
-    return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
-
-
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     x, w = specs
     if x.dtype != "float32" or w.dtype != "float32":
         return f"dtypes {x.dtype}, {w.dtype} (supports float32, float32)"
-    if not x.shape or x.numel == 0:
-        return f"x of shape {list(x.shape)} (needs at least one element and one dim)"
-    if w.shape != x.shape[-1:]:
-        return f"weight of shape {list(w.shape)} (needs [{x.shape[-1]}], no broadcasting)"
+    if shape_problem(specs, attrs):
+        return shape_problem(specs, attrs)
     if x.layout[-1] != 1 or (w.strides is not None and w.strides != (1,)):
         return "a last dim that is not contiguous"
     if not rows_view(x.shape, x.strides):

@@ -22,7 +22,7 @@ from ...registry import Impl, Key, TensorSpec, register_impl
 from ...registry.nki import nisa, nki, nl
 from ...registry.nkisim.state import limits_target
 from .._nki import run
-from .op import RMSNORM
+from .op import RMSNORM, fake, shape_problem
 
 ROWS_PER_TILE = (32, 64, 128)
 CHUNK = (128, 256, 512)
@@ -164,11 +164,6 @@ def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: 
     return dx.reshape(x.shape).to(x.device), dw.to(x.device)
 
 
-def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    x, _ = tensors
-    return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
-
-
 def sbuf_bytes(d: int, dtype: str, config: dict, training: bool) -> int:
     """Bytes per partition of the live SBUF tiles (the kernels above, tile by tile)."""
     s, p, chunk = _ITEM[dtype], config["rows_per_tile"], config["chunk"]
@@ -188,10 +183,8 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     x, w = specs
     if x.dtype not in _ITEM or w.dtype != x.dtype:
         return f"dtypes {x.dtype}, {w.dtype} (supports float32 or bfloat16, the same for both)"
-    if not x.shape or x.numel == 0:
-        return f"x of shape {list(x.shape)} (needs at least one element and one dim)"
-    if w.shape != x.shape[-1:]:
-        return f"weight of shape {list(w.shape)} (needs [{x.shape[-1]}], no broadcasting)"
+    if shape_problem(specs, attrs):
+        return shape_problem(specs, attrs)
     if not x.is_contiguous or not w.is_contiguous:
         return "non-contiguous inputs"
     d = x.shape[-1]

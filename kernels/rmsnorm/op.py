@@ -18,6 +18,21 @@ def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None) -> 
     return x, w
 
 
+def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """y, and the per-row rstd (float32) every impl keeps for its backward."""
+    x, _ = tensors
+    return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+def shape_problem(specs, attrs: dict) -> str | None:
+    x, w = specs
+    if not x.shape or x.numel == 0:
+        return f"x of shape {list(x.shape)} (needs at least one element and one dim)"
+    if w.shape != x.shape[-1:]:
+        return f"weight of shape {list(w.shape)} (needs [{x.shape[-1]}], no broadcasting)"
+    return None
+
+
 RMSNORM = register_op(Op(
     name="rmsnorm",
     reference=reference,

@@ -12,9 +12,20 @@ from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
 from .._cpu import array, kernel, launch, max_threads, require, thread_choices
-from .op import ROPE
+from .op import ROPE, fake, shape_problem
 
 POSITIONS = (1, 8, 64)
+
+
+def _rotate(x, c, s, b, heads, p, half, out):
+    """out = x * cos + rot(x) * sin for every head at (b, p)."""
+    cr, sr = c[b, p], s[b, p]
+    for h in range(heads):
+        xr, orow = x[b, h, p], out[b, h, p]
+        for j in range(half):
+            a, z = xr[j], xr[j + half]
+            orow[j] = a * cr[j] - z * sr[j]
+            orow[j + half] = z * cr[j + half] + a * sr[j + half]
 
 
 def _forward_body(q, k, c, s, grain, qo, ko):
@@ -26,16 +37,8 @@ def _forward_body(q, k, c, s, grain, qo, ko):
         b = t % nb
         p0 = (t // nb) * grain
         for p in range(p0, min(ns, p0 + grain)):
-            for h in range(hq):
-                for j in range(half):
-                    a, z = q[b, h, p, j], q[b, h, p, j + half]
-                    qo[b, h, p, j] = a * c[b, p, j] - z * s[b, p, j]
-                    qo[b, h, p, j + half] = z * c[b, p, j + half] + a * s[b, p, j + half]
-            for h in range(hk):
-                for j in range(half):
-                    a, z = k[b, h, p, j], k[b, h, p, j + half]
-                    ko[b, h, p, j] = a * c[b, p, j] - z * s[b, p, j]
-                    ko[b, h, p, j + half] = z * c[b, p, j + half] + a * s[b, p, j + half]
+            _rotate_nb(q, c, s, b, hq, p, half, qo)
+            _rotate_nb(k, c, s, b, hk, p, half, ko)
 
 
 def _rotate_back(x, g, c, s, b, heads, p, half, dx, dc, ds):
@@ -70,6 +73,7 @@ def _backward_body(gq, gk, q, k, c, s, grain, dq, dk, dc, ds):
             _rotate_back_nb(k, gk, c, s, b, hk, p, half, dk, dc, ds)
 
 
+_rotate_nb = numba.njit(inline="always", fastmath=True)(_rotate)
 _rotate_back_nb = numba.njit(inline="always", fastmath=True)(_rotate_back)
 _forward = kernel(_forward_body)
 _backward = kernel(_backward_body)
@@ -92,21 +96,8 @@ def backward(grads, tensors, results, attrs, config):
     return dq, dk, dc, ds
 
 
-def fake(tensors, attrs):
-    q, k, _, _ = tensors
-    return q.new_empty(q.shape), k.new_empty(k.shape)
-
-
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
-    q, k, c, s = specs
-    if len(q.shape) != 4 or len(k.shape) != 4 or len(c.shape) != 3 or c.shape != s.shape:
-        return "shapes other than q, k [batch, heads, seq, dim] and cos, sin [batch, seq, dim]"
-    b, _, n, d = q.shape
-    if k.shape[0] != b or k.shape[2:] != (n, d) or c.shape != (b, n, d):
-        return f"shapes q {list(q.shape)}, k {list(k.shape)}, cos {list(c.shape)} (no broadcasting)"
-    if d % 2:
-        return f"odd head dim {d}"
-    return require(specs, {i: ("float32",) for i in range(4)})
+    return shape_problem(specs, attrs) or require(specs, {i: ("float32",) for i in range(4)})
 
 
 def constraint(config: dict, key: Key) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ...registry import Impl, Key, TensorSpec, register_impl
 from ...registry.nki import nisa, nki, nl
 from .._nki import ROWS, fits_sbuf, run, tiles
-from .op import ROPE
+from .op import ROPE, fake, shape_problem
 
 
 def _load(src, p, d, dtype, n):
@@ -108,18 +108,11 @@ def backward(grads, tensors, results, attrs, config):
     return tuple(o.to(q.device) for o in out)
 
 
-def fake(tensors, attrs):
-    q, k, _, _ = tensors
-    return q.new_empty(q.shape), k.new_empty(k.shape)
-
-
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
-    q, k, c, s = specs
-    if len(q.shape) != 4 or len(k.shape) != 4 or c.shape != s.shape or len(c.shape) != 3:
-        return "shapes other than q, k [batch, heads, seq, dim] and cos, sin [batch, seq, dim]"
-    b, _, n, d = q.shape
-    if k.shape[0] != b or k.shape[2:] != (n, d) or c.shape != (b, n, d) or d % 2:
-        return f"shapes q {list(q.shape)}, k {list(k.shape)}, cos {list(c.shape)} (no broadcasting, even dim)"
+    why = shape_problem(specs, attrs)
+    if why:
+        return why
+    d = specs[0].shape[-1]
     if {x.dtype for x in specs} - {"float32", "bfloat16"} or not all(x.is_contiguous for x in specs):
         return "dtypes or layouts other than contiguous float32/bfloat16"
     if not fits_sbuf(d * 4 * 9):

@@ -29,6 +29,24 @@ def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, **_
     return q, k, emb.cos().to(getattr(torch, cd)), emb.sin().to(getattr(torch, cd))
 
 
+def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k, _, _ = tensors
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+def shape_problem(specs, attrs: dict) -> str | None:
+    """What every impl declines alike: other ranks, broadcast cos/sin, an odd head dim."""
+    q, k, c, s = specs
+    if len(q.shape) != 4 or len(k.shape) != 4 or len(c.shape) != 3 or c.shape != s.shape:
+        return "shapes other than q, k [batch, heads, seq, dim] and cos, sin [batch, seq, dim]"
+    b, _, n, d = q.shape
+    if k.shape[0] != b or k.shape[2:] != (n, d) or c.shape != (b, n, d):
+        return f"shapes q {list(q.shape)}, k {list(k.shape)}, cos {list(c.shape)} (no broadcasting)"
+    if d % 2:
+        return f"odd head dim {d}"
+    return None
+
+
 ROPE = register_op(Op(
     name="rope", reference=reference, tensors=("q", "k", "cos", "sin"), outputs=2,
     differentiable=("q", "k", "cos", "sin"), make_inputs=make_inputs,

@@ -7,7 +7,7 @@ import torch
 from ...registry import Impl, Key, TensorSpec, register_impl
 from .._cpu import array, max_threads, out_of_range, require, thread_choices
 from .._indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
-from .op import SEGMENT_SUM
+from .op import SEGMENT_SUM, fake, shape_problem
 
 
 def forward(tensors, attrs, config):
@@ -31,18 +31,8 @@ def backward(grads, tensors, results, attrs, config):
     return (dsrc,)
 
 
-def fake(tensors, attrs):
-    src, _ = tensors
-    return (src.new_empty((attrs["num_segments"], *src.shape[1:])),)
-
-
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
-    src, index = specs
-    if len(index.shape) != 1 or not src.shape or index.shape[0] != src.shape[0]:
-        return f"src {list(src.shape)} and index {list(index.shape)} (supports index [N], src [N, ...])"
-    if attrs["num_segments"] < 1:
-        return f"num_segments={attrs['num_segments']}"
-    return require(specs, {0: ("float32",), 1: ("int64",)})
+    return shape_problem(specs, attrs) or require(specs, {0: ("float32",), 1: ("int64",)})
 
 
 def constraint(config: dict, key: Key) -> bool:

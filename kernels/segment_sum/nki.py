@@ -8,7 +8,7 @@ import torch
 from ...registry import Impl, Key, TensorSpec, register_impl
 from ...registry.nki import nki, nl
 from .._nki import ROWS, gather_rows, run, segment_matmul
-from .op import SEGMENT_SUM
+from .op import SEGMENT_SUM, fake, shape_problem
 
 CHUNK = (128, 512)
 
@@ -47,15 +47,11 @@ def backward(grads, tensors, results, attrs, config):
     return (dsrc.reshape(src.shape).to(src.device),)
 
 
-def fake(tensors, attrs):
-    src, _ = tensors
-    return (src.new_empty((attrs["num_segments"], *src.shape[1:])),)
-
-
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
+    why = shape_problem(specs, attrs)
+    if why:
+        return why
     src, index = specs
-    if len(index.shape) != 1 or not src.shape or index.shape[0] != src.shape[0]:
-        return f"src {list(src.shape)} and index {list(index.shape)} (supports index [N], src [N, ...])"
     if src.dtype not in ("float32", "bfloat16") or index.dtype not in ("int64", "int32"):
         return f"src {src.dtype}, index {index.dtype} (supports float32/bfloat16 src, int index)"
     if not 1 <= attrs["num_segments"] < 1 << 24:

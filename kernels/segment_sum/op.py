@@ -21,6 +21,21 @@ def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, dis
     return torch.randn(sshape, generator=gen, dtype=getattr(torch, sd)), index
 
 
+def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor]:
+    src, _ = tensors
+    return (src.new_empty((attrs["num_segments"], *src.shape[1:])),)
+
+
+def shape_problem(specs, attrs: dict) -> str | None:
+    """What every impl declines alike: shapes other than index [N], src [N, ...], or no segments."""
+    src, index = specs
+    if len(index.shape) != 1 or not src.shape or index.shape[0] != src.shape[0]:
+        return f"src {list(src.shape)} and index {list(index.shape)} (supports index [N], src [N, ...])"
+    if attrs["num_segments"] < 1:
+        return f"num_segments={attrs['num_segments']}"
+    return None
+
+
 SEGMENT_SUM = register_op(Op(
     name="segment_sum", reference=reference, tensors=("src", "index"), attrs={"num_segments": int},
     defaults={}, differentiable=("src",), data_dependent=("index",), make_inputs=make_inputs,

@@ -13,29 +13,23 @@ import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import array, exp32, kernel, launch, max_threads, require, thread_choices
-from .op import SOFTMAX
+from .._cpu import array, exp32, kernel, launch, max_sumexp, max_threads, require, thread_choices
+from .op import SOFTMAX, dim_problem, fake
 
 
 def _forward_body(x, online, y):
     n, d = x.shape
     for r in prange(n):
-        m = np.float32(-np.inf)
-        s = np.float32(0.0)
-        if online:
-            for j in range(d):
-                v = x[r, j]
-                if v > m:
-                    s = s * exp32(m - v) + np.float32(1.0)
-                    m = v
-                else:
-                    s += exp32(v - m)
+        if online:  # max and sum in one pass, then the write
+            m, s = max_sumexp(x, r, 1)
             inv = np.float32(1.0) / s
             for j in range(d):
                 y[r, j] = exp32(x[r, j] - m) * inv
-        else:
+        else:  # max; exp stored with its sum; one scaling pass
+            m = np.float32(-np.inf)
             for j in range(d):
                 m = max(m, x[r, j])
+            s = np.float32(0.0)
             for j in range(d):
                 e = exp32(x[r, j] - m)
                 y[r, j] = e
@@ -75,18 +69,13 @@ def backward(grads, tensors, results, attrs, config):
     return (dx,)
 
 
-def fake(tensors, attrs):
-    (x,) = tensors
-    return (x.new_empty(x.shape),)
-
-
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     (x,) = specs
     why = require(specs, {0: ("float32",)})
     if why:
         return why
-    if attrs["dim"] not in (-1, len(x.shape) - 1):
-        return f"dim={attrs['dim']} (supports the last dim)"
+    if dim_problem(specs, attrs):
+        return dim_problem(specs, attrs)
     return None
 
 

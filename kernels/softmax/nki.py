@@ -7,7 +7,7 @@ from __future__ import annotations
 from ...registry import Impl, Key, TensorSpec, register_impl
 from ...registry.nki import nisa, nki, nl
 from .._nki import ROWS, fits_sbuf, run, tiles
-from .op import SOFTMAX
+from .op import SOFTMAX, dim_problem, fake
 
 _ITEM = {"float32": 4, "bfloat16": 2}
 
@@ -67,11 +67,6 @@ def backward(grads, tensors, results, attrs, config):
     return (dx.reshape(y.shape).to(y.device),)
 
 
-def fake(tensors, attrs):
-    (x,) = tensors
-    return (x.new_empty(x.shape),)
-
-
 def sbuf_bytes(d: int, dtype: str) -> int:
     return d * (2 * _ITEM[dtype] + 4) + 16  # x (or dy and y), the float32 exp or product, the output
 
@@ -80,8 +75,8 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     (x,) = specs
     if x.dtype not in _ITEM or not x.shape or x.numel == 0 or not x.is_contiguous:
         return f"x {x.dtype} {list(x.shape)} (supports contiguous float32 or bfloat16)"
-    if attrs["dim"] not in (-1, len(x.shape) - 1):
-        return f"dim={attrs['dim']} (supports the last dim)"
+    if dim_problem(specs, attrs):
+        return dim_problem(specs, attrs)
     if not fits_sbuf(sbuf_bytes(x.shape[-1], x.dtype)):
         return f"rows of {x.shape[-1]} (a row must fit one partition of SBUF)"
     return None

@@ -16,6 +16,17 @@ def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, **_
     return (3.0 * torch.randn(shape, generator=gen, dtype=getattr(torch, dtype)),)
 
 
+def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor]:
+    (x,) = tensors
+    return (x.new_empty(x.shape),)
+
+
+def dim_problem(specs, attrs: dict) -> str | None:
+    if attrs["dim"] not in (-1, len(specs[0].shape) - 1):
+        return f"dim={attrs['dim']} (supports the last dim)"
+    return None
+
+
 SOFTMAX = register_op(Op(
     name="softmax", reference=reference, tensors=("x",), attrs={"dim": int}, defaults={"dim": -1},
     differentiable=("x",), make_inputs=make_inputs,
