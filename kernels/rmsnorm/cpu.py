@@ -109,8 +109,9 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     x, w = specs
     if x.dtype != "float32" or w.dtype != "float32":
         return f"dtypes {x.dtype}, {w.dtype} (supports float32, float32)"
-    if shape_problem(specs, attrs):
-        return shape_problem(specs, attrs)
+    why = shape_problem(specs, attrs)
+    if why:
+        return why
     if x.layout[-1] != 1 or (w.strides is not None and w.strides != (1,)):
         return "a last dim that is not contiguous"
     if not rows_view(x.shape, x.strides):

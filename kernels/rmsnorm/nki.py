@@ -183,8 +183,9 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     x, w = specs
     if x.dtype not in _ITEM or w.dtype != x.dtype:
         return f"dtypes {x.dtype}, {w.dtype} (supports float32 or bfloat16, the same for both)"
-    if shape_problem(specs, attrs):
-        return shape_problem(specs, attrs)
+    why = shape_problem(specs, attrs)
+    if why:
+        return why
     if not x.is_contiguous or not w.is_contiguous:
         return "non-contiguous inputs"
     d = x.shape[-1]

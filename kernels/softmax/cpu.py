@@ -70,13 +70,7 @@ def backward(grads, tensors, results, attrs, config):
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
-    (x,) = specs
-    why = require(specs, {0: ("float32",)})
-    if why:
-        return why
-    if dim_problem(specs, attrs):
-        return dim_problem(specs, attrs)
-    return None
+    return require(specs, {0: ("float32",)}) or dim_problem(specs, attrs)
 
 
 def constraint(config: dict, key: Key) -> bool:

@@ -75,8 +75,9 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     (x,) = specs
     if x.dtype not in _ITEM or not x.shape or x.numel == 0 or not x.is_contiguous:
         return f"x {x.dtype} {list(x.shape)} (supports contiguous float32 or bfloat16)"
-    if dim_problem(specs, attrs):
-        return dim_problem(specs, attrs)
+    why = dim_problem(specs, attrs)
+    if why:
+        return why
     if not fits_sbuf(sbuf_bytes(x.shape[-1], x.dtype)):
         return f"rows of {x.shape[-1]} (a row must fit one partition of SBUF)"
     return None

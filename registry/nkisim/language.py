@@ -6,7 +6,7 @@ import numpy as np
 
 from . import isa
 from .state import NkiError, current
-from .tensor import NkiTensor, is_float, new_tensor
+from .tensor import NkiTensor, new_tensor
 
 # -- buffers and dtypes ------------------------------------------------------------------------------------------
 sbuf, psum, hbm, private_hbm, shared_hbm = "sbuf", "psum", "private_hbm", "private_hbm", "shared_hbm"
@@ -235,4 +235,4 @@ def store(dst: NkiTensor, value: NkiTensor) -> None:
     isa.dma_copy(dst=dst, src=value)
 
 
-__all__ = [n for n in dir() if not n.startswith("_")] + ["is_float"]
+__all__ = [n for n in dir() if not n.startswith("_")]
