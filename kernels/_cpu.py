@@ -57,24 +57,43 @@ def exp32(x):
 
 
 @numba.njit(inline="always", fastmath=True)
-def max_sumexp(x, r, online):
-    """Row r's max m and sum(exp(x - m)): in one pass rescaling the sum (online) or in two."""
+def max_sumexp(x, r, online, skip=-1):
+    """Row r's max m and the sum of exp(x - m) over every column but ``skip``: in one pass rescaling the
+    sum (online) or in two. Leaving a column out of the sum, rather than subtracting it afterwards, keeps
+    the rest of a peaked row exact (cross-entropy's loss and gradient at a confident target)."""
+    zero = np.float32(0.0)
     m = np.float32(-np.inf)
-    s = np.float32(0.0)
+    s = zero
     if online:
         for j in range(x.shape[1]):
             v = x[r, j]
             if v > m:
-                s = s * exp32(m - v) + np.float32(1.0)
+                s = s * exp32(m - v) + (zero if j == skip else np.float32(1.0))
                 m = v
             else:
-                s += exp32(v - m)
+                s += zero if j == skip else exp32(v - m)
     else:
         for j in range(x.shape[1]):
             m = max(m, x[r, j])
-        for j in range(x.shape[1]):
-            s += exp32(x[r, j] - m)
+        if skip < 0:
+            s = sumexp(x[r], m)
+        else:  # two slices: a per-column skip test, or a loop from a run-time start, defeats the vectoriser
+            s = sumexp(x[r, :skip], m) + sumexp(x[r, skip + 1:], m)
     return m, s
+
+
+@numba.njit(inline="always", fastmath=True)
+def sumexp(row, m):
+    s = np.float32(0.0)
+    for j in range(row.shape[0]):
+        s += exp32(row[j] - m)
+    return s
+
+
+@numba.njit(inline="always")
+def softplus64(z):
+    """log(1 + exp(z)) in float64 without overflow, exact to a few ulps for tiny results."""
+    return z + np.log1p(np.exp(-z)) if z > 0.0 else np.log1p(np.exp(z))
 
 
 def launch(kern: tuple[Callable, Callable], threads: int, *args) -> None:

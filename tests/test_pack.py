@@ -3,6 +3,7 @@ backward, kernels on and off, on shapes drawn fresh each run; opcheck; declines;
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 import nki_autotune.kernels as nk
 from nki_autotune.registry import explain, get_op
 
-from .helpers import as64, rel_err, run_with_grads
+from .helpers import as64, float32_floor, rel_err, run_with_grads
 
 SEED = random.SystemRandom().randrange(2**31)
 RNG = random.Random(SEED)
@@ -93,12 +94,14 @@ def test_matches_float64_reference_forward_and_backward(switches, case, shape, s
     assert exp.path == ("kernel" if switch == "on" else "compiler"), exp
     outs, grads = run_with_grads(fn, inputs)
     ref_outs, ref_grads = run_with_grads(ref, as64(inputs))
+    # the kernels hold 1e-5 on every input; PyTorch's float32 (the compiler path) only where the input lets it
+    tol = 1e-5 if switch == "on" else max(1e-5, 4 * float32_floor(ref, inputs))
     for o, r in zip(outs, ref_outs):
         assert o.shape == r.shape and o.dtype == torch.float32
-        assert rel_err(o, r) < 1e-5
+        assert rel_err(o, r) < tol
     for g, r in zip(grads, ref_grads):
         assert g.shape == r.shape
-        assert rel_err(g, r) < 1e-5
+        assert rel_err(g, r) < tol
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__.removesuffix("_case"))
@@ -150,6 +153,38 @@ def test_cross_entropy_with_every_target_ignored_is_nan_like_pytorch(switches):
     ref = logits.detach().clone().requires_grad_()
     F.cross_entropy(ref, target).backward()
     torch.testing.assert_close(logits.grad, ref.grad, equal_nan=True)
+
+
+def _call_impl(impl, attrs, cfg, *tensors):
+    return _first(impl.fwd_op(*tensors, *attrs, *cfg))
+
+
+def _peaked(rows: int, width: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits with one column per row about 15 above the rest: probability within 1e-6 of 1 there."""
+    x = torch.randn(rows, width, generator=gen) * 0.5
+    peak = torch.randint(0, width, (rows,), generator=gen)
+    x[torch.arange(rows), peak] += 15
+    return x, peak
+
+
+@pytest.mark.parametrize("name", ["softmax", "cross_entropy"])
+def test_peaked_rows_stay_exact_where_float32_pytorch_cancels(monkeypatch, gen, name):
+    """dsoftmax at the peak is y_peak * (dy_peak - sum(y * dy)), and the loss at a confident target
+    lse - x_t: both cancel in float32 as PyTorch writes them. Every impl, every CPU config, holds 1e-5."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    x, peak = _peaked(3, 6, gen)
+    op = get_op(name)
+    inputs, attrs = ((x,), (-1,)) if name == "softmax" else ((x, peak), (-100,))
+    ref = lambda *t: op.reference(*t, *attrs)  # noqa: E731
+    assert float32_floor(ref, inputs) > 1e-5  # the case is a hard one for float32
+    ref_outs, ref_grads = run_with_grads(ref, as64(inputs))
+    for impl in op.impls.values():
+        configs = impl.configs() if impl.backend == "cpu" else [impl.default]
+        for cfg in configs:
+            call = functools.partial(_call_impl, impl, attrs, impl.config_values(cfg))
+            outs, grads = run_with_grads(call, inputs)
+            errs = [rel_err(o, r) for o, r in zip(outs, ref_outs)] + [rel_err(g, r) for g, r in zip(grads, ref_grads)]
+            assert max(errs) < 1e-5, (impl.qualname, cfg, errs)
 
 
 def test_segment_sum_empty_segments_and_repeated_indices(switches):

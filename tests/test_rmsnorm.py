@@ -9,7 +9,7 @@ import nki_autotune.kernels as nk
 from nki_autotune.kernels.rmsnorm.op import RMSNORM, reference
 from nki_autotune.registry import explain
 
-from .helpers import as64, rel_err, run_with_grads
+from .helpers import as64, float32_floor, rel_err, run_with_grads
 
 IMPL = RMSNORM.impls["cpu_rows"]
 
@@ -30,12 +30,16 @@ def test_matches_float64_reference(switches, gen, shape, switch):
     eps = float(torch.empty(()).uniform_(1e-6, 1e-3, generator=gen))
     assert explain("rmsnorm", x.requires_grad_(), w, eps=eps).path == ("kernel" if switch == "on" else "compiler")
     outs, grads = run_with_grads(lambda a, b: nk.rmsnorm(a, b, eps), (x, w))
-    ref_outs, ref_grads = run_with_grads(lambda a, b: reference(a, b, eps), as64((x, w)))
+    ref = lambda a, b: reference(a, b, eps)  # noqa: E731
+    ref_outs, ref_grads = run_with_grads(ref, as64((x, w)))
+    # dx is w * dy projected off x: with two elements per row it can nearly vanish, and then float32
+    # itself (PyTorch's expression included) cannot reach 1e-5; the bar is 4x what float32 reaches there
+    tol = max(1e-5, 4 * float32_floor(ref, (x, w)))
     assert outs[0].dtype == torch.float32 and outs[0].shape == x.shape
-    assert rel_err(outs[0], ref_outs[0]) < 1e-5
+    assert rel_err(outs[0], ref_outs[0]) < tol
     for g, r in zip(grads, ref_grads):
         assert g.shape == r.shape
-        assert rel_err(g, r) < 1e-5
+        assert rel_err(g, r) < tol
 
 
 @pytest.mark.parametrize("config", IMPL.configs())

@@ -3,26 +3,57 @@
 Forward keeps only the log-sum-exp of each row (one float), never the softmax;
 backward recomputes exp(logit - lse) as it writes the gradient, so a large
 vocabulary's softmax is materialised once, as the gradient itself. ``online=1``
-finds max and sum in one pass (rescaling the sum), ``online=0`` in two.
+finds max and sum in one pass (rescaling the sum), ``online=0`` in two. The target's
+own exponential is kept out of the sum: the loss is then softplus(log(rest) - (x_t - max))
+and the target's gradient -rest, both exact even when the target's probability rounds to 1.
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import array, exp32, kernel, launch, max_sumexp, max_threads, out_of_range, require, thread_choices
+from .._cpu import (
+    array,
+    exp32,
+    kernel,
+    launch,
+    max_sumexp,
+    max_threads,
+    out_of_range,
+    require,
+    softplus64,
+    thread_choices,
+)
 from .op import CROSS_ENTROPY, fake, shape_problem
 
 
 def _forward_body(x, target, ignore, online, losses, lse):
     for r in prange(x.shape[0]):
-        m, s = max_sumexp(x, r, online)
-        lse[r] = m + np.log(s)
         t = target[r]
-        losses[r] = 0.0 if t == ignore else lse[r] - x[r, t]
+        if t == ignore:
+            m, s = max_sumexp(x, r, online)
+            lse[r] = m + np.log(s)
+            losses[r] = 0.0
+            continue
+        m, rest = max_sumexp(x, r, online, t)  # the sum without the target's own term
+        d = x[r, t] - m  # <= 0
+        lse[r] = m + np.log(rest + exp32(d))
+        losses[r] = softplus64(np.log(np.float64(rest)) - d)  # = lse - x_t, with no cancellation
+
+
+@numba.njit(inline="always", fastmath=True)
+def _write_probs(xs, lse, scale, ds):
+    """ds = exp(xs - lse) * scale over one row slice; returns the sum of those probabilities."""
+    s = np.float32(0.0)
+    for j in range(xs.shape[0]):
+        p = exp32(xs[j] - lse)
+        ds[j] = p * scale
+        s += p
+    return s
 
 
 def _backward_body(x, target, ignore, lse, scale, dx):
@@ -34,9 +65,10 @@ def _backward_body(x, target, ignore, lse, scale, dx):
                 dx[r, j] = 0.0
             continue
         l = lse[r]
-        for j in range(v):
-            dx[r, j] = exp32(x[r, j] - l) * scale
-        dx[r, t] -= scale
+        # 1 - p_target, summed from the other columns rather than cancelled
+        rest = _write_probs(x[r, :t], l, scale, dx[r, :t]) + _write_probs(x[r, t + 1:], l, scale, dx[r, t + 1:])
+        dx[r, t] = -rest * scale
+
 
 
 _forward = kernel(_forward_body)

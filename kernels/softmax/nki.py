@@ -1,6 +1,7 @@
 """Softmax over the last dim in NKI: rows on partitions; -rowmax by tensor_reduce, exp with that bias and
 the row sum through the ScalarE accumulator in one activation, then a reciprocal and one scaling.
-Backward: dx = y * (dy - sum(dy * y))."""
+Backward: dx = y * (dy - sum(dy * y)), with dy shifted by its value at the peak (some y above one half),
+exact because sum(y) = 1: a peaked row then does not compute its largest gradient as 1 - y_peak."""
 
 from __future__ import annotations
 
@@ -43,13 +44,26 @@ def softmax_bwd(dy, y, rows_per_tile):
         nisa.dma_copy(dst=gt[0:n, :], src=dy[r0:r0 + n, :])
         yt = nl.ndarray((p, d), dtype=y.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=yt[0:n, :], src=y[r0:r0 + n, :])
-        prod = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=prod[0:n, :], data1=gt[0:n, :], data2=yt[0:n, :], op=nl.multiply)
-        s = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_reduce(dst=s[0:n, :], op=nl.add, data=prod[0:n, :], axis=1)
-        nisa.tensor_scalar(dst=prod[0:n, :], data=gt[0:n, :], op0=nl.subtract, operand0=s[0:n, :])
+        work = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
+        low = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
+        c, a, b = (nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf) for _ in range(3))
+        # c = dy at the peak (the entry with y above one half, if any)
+        nisa.scalar_tensor_tensor(dst=work[0:n, :], data=yt[0:n, :], op0=nl.greater, operand0=0.5,
+                                  op1=nl.multiply, operand1=gt[0:n, :])
+        nisa.tensor_reduce(dst=c[0:n, :], op=nl.add, data=work[0:n, :], axis=1)
+        # b = sum(y), a = sum(y * dy), both over the other entries
+        nisa.scalar_tensor_tensor(dst=low[0:n, :], data=yt[0:n, :], op0=nl.less_equal, operand0=0.5,
+                                  op1=nl.multiply, operand1=yt[0:n, :])
+        nisa.tensor_reduce(dst=b[0:n, :], op=nl.add, data=low[0:n, :], axis=1)
+        nisa.tensor_tensor(dst=work[0:n, :], data1=low[0:n, :], data2=gt[0:n, :], op=nl.multiply)
+        nisa.tensor_reduce(dst=a[0:n, :], op=nl.add, data=work[0:n, :], axis=1)
+        # acc = sum(y * (dy - c)) = a - c * b; dx = y * ((dy - c) - acc)
+        nisa.scalar_tensor_tensor(dst=b[0:n, :], data=b[0:n, :], op0=nl.multiply, operand0=c[0:n, :],
+                                  op1=nl.subtract, operand1=a[0:n, :], reverse1=True)
+        nisa.tensor_scalar(dst=work[0:n, :], data=gt[0:n, :], op0=nl.subtract, operand0=c[0:n, :],
+                           op1=nl.subtract, operand1=b[0:n, :])
         dxt = nl.ndarray((p, d), dtype=y.dtype, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=dxt[0:n, :], data1=prod[0:n, :], data2=yt[0:n, :], op=nl.multiply)
+        nisa.tensor_tensor(dst=dxt[0:n, :], data1=work[0:n, :], data2=yt[0:n, :], op=nl.multiply)
         nisa.dma_copy(dst=dx[r0:r0 + n, :], src=dxt[0:n, :])
     return dx
 
@@ -68,7 +82,7 @@ def backward(grads, tensors, results, attrs, config):
 
 
 def sbuf_bytes(d: int, dtype: str) -> int:
-    return d * (2 * _ITEM[dtype] + 4) + 16  # x (or dy and y), the float32 exp or product, the output
+    return d * (3 * _ITEM[dtype] + 8) + 16  # forward: x, exp, y; backward: dy, y, two float32 work rows, dx
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
