@@ -34,12 +34,11 @@ from .op import CROSS_ENTROPY, fake, shape_problem
 def _forward_body(x, target, ignore, online, losses, lse):
     for r in prange(x.shape[0]):
         t = target[r]
+        m, rest = max_sumexp(x, r, online, -1 if t == ignore else t)  # the sum without the target's own term
         if t == ignore:
-            m, s = max_sumexp(x, r, online)
-            lse[r] = m + np.log(s)
+            lse[r] = m + np.log(rest)
             losses[r] = 0.0
             continue
-        m, rest = max_sumexp(x, r, online, t)  # the sum without the target's own term
         d = x[r, t] - m  # <= 0
         lse[r] = m + np.log(rest + exp32(d))
         losses[r] = softplus64(np.log(np.float64(rest)) - d)  # = lse - x_t, with no cancellation
@@ -68,7 +67,6 @@ def _backward_body(x, target, ignore, lse, scale, dx):
         # 1 - p_target, summed from the other columns rather than cancelled
         rest = _write_probs(x[r, :t], l, scale, dx[r, :t]) + _write_probs(x[r, t + 1:], l, scale, dx[r, t + 1:])
         dx[r, t] = -rest * scale
-
 
 
 _forward = kernel(_forward_body)

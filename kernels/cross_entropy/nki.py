@@ -72,8 +72,9 @@ def cross_entropy_fwd(logits, target, ignore_index, rows_per_tile, chunk):
         nisa.tensor_scalar(dst=valid[0:n, :], data=tf[0:n, :], op0=nl.not_equal, operand0=float(ignore_index))
         # z = log(s) + (m - x_t): loss = softplus(z) = lse - x_t and 1 - p_target = sigmoid(z), neither
         # computed as a difference of nearly equal numbers when the target's probability is close to 1
-        gap = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+        gap = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)  # m - x_t, 0 on ignored rows
         nisa.tensor_tensor(dst=gap[0:n, :], data1=m[0:n, :], data2=pick[0:n, :], op=nl.subtract)
+        nisa.tensor_tensor(dst=gap[0:n, :], data1=gap[0:n, :], data2=valid[0:n, :], op=nl.multiply)
         ln_s = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=ln_s[0:n, :], data=s[0:n, :], op0=nl.maximum, operand0=2.0 ** -64)
         nisa.activation(dst=ln_s[0:n, :], op=nl.log, data=ln_s[0:n, :])
