@@ -28,15 +28,20 @@ def _rotate(x, c, s, b, heads, p, half, out):
             orow[j + half] = z * cr[j + half] + a * sr[j + half]
 
 
+@numba.njit(inline="always")
+def _task(t, nb, ns, grain):
+    """Task t's batch and positions: tasks run over (block of ``grain`` positions, batch), batch fastest."""
+    p0 = (t // nb) * grain
+    return t % nb, p0, min(ns, p0 + grain)
+
+
 def _forward_body(q, k, c, s, grain, qo, ko):
     nb, hq, ns, d = q.shape
     hk = k.shape[1]
     half = d // 2
-    tasks = nb * ((ns + grain - 1) // grain)
-    for t in prange(tasks):
-        b = t % nb
-        p0 = (t // nb) * grain
-        for p in range(p0, min(ns, p0 + grain)):
+    for t in prange(nb * ((ns + grain - 1) // grain)):
+        b, p0, p1 = _task(t, nb, ns, grain)
+        for p in range(p0, p1):
             _rotate_nb(q, c, s, b, hq, p, half, qo)
             _rotate_nb(k, c, s, b, hk, p, half, ko)
 
@@ -61,11 +66,9 @@ def _backward_body(gq, gk, q, k, c, s, grain, dq, dk, dc, ds):
     nb, hq, ns, d = q.shape
     hk = k.shape[1]
     half = d // 2
-    tasks = nb * ((ns + grain - 1) // grain)
-    for t in prange(tasks):
-        b = t % nb
-        p0 = (t // nb) * grain
-        for p in range(p0, min(ns, p0 + grain)):
+    for t in prange(nb * ((ns + grain - 1) // grain)):
+        b, p0, p1 = _task(t, nb, ns, grain)
+        for p in range(p0, p1):
             for j in range(d):
                 dc[b, p, j] = 0.0
                 ds[b, p, j] = 0.0
