@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..registry import Impl, Key, backends, ops
+from ..registry import Impl, Key, TensorSpec, backends, ops
 from .numerics import Numerics, check_impl
 
 
@@ -45,14 +45,15 @@ def check_all(names: tuple[str, ...] | None = None, seed: int = 0) -> list[Check
         for impl in op.impls.values():
             device, how = _device(impl)
             for inputs, extra in op.examples:
-                attrs = tuple(sorted({**op.defaults, **extra}.items()))
+                attrs = {**op.defaults, **extra}
+                specs = tuple(TensorSpec(shape, dtype) for shape, dtype in inputs)
                 for mode in ("inference", "training") if op.differentiable else ("inference",):
-                    key = Key(op.name, mode, inputs, attrs)
+                    key = Key.of(op, specs, attrs, mode)
                     if device is None:
                         rows.append(CheckRow(impl.qualname, key, None, skipped=how))
                         continue
-                    declined = impl.supports(key.specs(), key.attr_dict)
-                    configs = impl.configs(key, mode)
+                    declined = impl.supports(key.inputs, key.attr_dict)
+                    configs = impl.configs(key)
                     if declined or not configs:
                         rows.append(CheckRow(impl.qualname, key, None, skipped=declined or "no config admitted"))
                         continue

@@ -29,7 +29,7 @@ from ..registry import (
     settings,
     switch_variables,
 )
-from ..registry.settings import KERNEL_OP, KERNELS, RECORD, RECORD_SAMPLES, STRICT, TABLE
+from ..registry.env import KERNEL_OP, KERNELS, RECORD, RECORD_SAMPLES, STRICT, TABLE
 from . import report
 from .check import check_all
 from .search import Search, default_storage, open_storage
@@ -66,7 +66,7 @@ class _Bar(Listener):
     def key_started(self, key, sites):
         self.best = None
         self.p.update(self.trial, completed=0, total=self.trials,
-                      description=f"{key.op} {' '.join('x'.join(map(str, s)) for s, _ in key.inputs)} {key.mode}")
+                      description=f"{key.op} {' '.join('x'.join(map(str, s.shape)) for s in key.inputs)} {key.mode}")
 
     def trial_done(self, key, impl, result, best):
         if not result.failed:
@@ -230,7 +230,7 @@ def cmd_check(args, console: Console) -> int:
         t.add_column(col, overflow="fold")
     failed = 0
     for r in rows:
-        shapes = " ".join(f"{'x'.join(map(str, s))}:{d}" for s, d in r.key.inputs)
+        shapes = " ".join(f"{'x'.join(map(str, s.shape))}:{s.dtype}" for s in r.key.inputs)
         if r.skipped:
             t.add_row(r.impl, "-", shapes, r.key.mode, "-", "-", f"[dim]skipped: {r.skipped}[/]")
             continue

@@ -9,13 +9,14 @@ from dataclasses import dataclass
 import torch
 
 from ..registry import Impl, Key, Op
+from .inputs import laid_out, make_inputs
 
 TOLERANCE = {"float32": 1e-5, "float64": 1e-5, "bfloat16": 1e-2, "float16": 1e-3}
 
 
 def tolerance(key: Key) -> float:
     """The loosest dtype among the float inputs sets the bar (float32 when there is none)."""
-    tols = [TOLERANCE[d] for _, d in key.inputs if d in TOLERANCE]
+    tols = [TOLERANCE[s.dtype] for s in key.inputs if s.dtype in TOLERANCE]
     return max(tols, default=TOLERANCE["float32"])
 
 
@@ -60,11 +61,10 @@ def _outputs(out) -> tuple:
 
 def compare(op: Op, key: Key, fn: Callable[..., tuple], gen: torch.Generator, device: str = "cpu",
             samples: dict | None = None) -> Numerics:
-    """Run ``fn`` (the candidate: tensors -> outputs) and the float64 reference on the same fresh inputs."""
-    inputs = op.make_inputs(key, gen, samples)
-    training = key.mode == "training"
-    diff = [i for i, n in enumerate(op.tensors)
-            if training and n in op.differentiable and inputs[i].is_floating_point()]
+    """Run ``fn`` (the candidate: tensors -> outputs) and the float64 reference on the same fresh inputs, in the
+    key's layouts; gradients are compared for the inputs whose gradient the key asks for."""
+    inputs = make_inputs(op, key, gen, samples)
+    diff = list(key.grads)
     attrs = tuple(key.attr_dict[a] for a in op.attrs)
 
     ref_in = [t.detach().double().requires_grad_(i in diff) if t.is_floating_point() else t.detach()
@@ -74,7 +74,8 @@ def compare(op: Op, key: Key, fn: Callable[..., tuple], gen: torch.Generator, de
     seeds = [torch.randn(o.shape, generator=grad_gen, dtype=torch.float64) for o in ref_out]
     ref_grads = torch.autograd.grad(ref_out, [ref_in[i] for i in diff], seeds) if diff else ()
 
-    cand_in = [t.detach().to(device).requires_grad_(i in diff) for i, t in enumerate(inputs)]
+    cand_in = [laid_out(t.detach().to(device), s).requires_grad_(i in diff)
+               for i, (t, s) in enumerate(zip(inputs, key.inputs))]
     with poisoned():
         out = fn(*cand_in)
         grads = torch.autograd.grad(out, [cand_in[i] for i in diff],

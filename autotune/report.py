@@ -10,7 +10,8 @@ from ..registry import Entry, Key, Table
 
 
 def _shapes(key: Key) -> str:
-    return " ".join("x".join(map(str, s)) or "()" for s, _ in key.inputs) + f" {key.inputs[0][1]}"
+    return " ".join(("x".join(map(str, s.shape)) or "()") + ("ᵀ" if s.strides is not None else "")
+                    for s in key.inputs) + f" {key.inputs[0].dtype}"
 
 
 def _choice(e: Entry) -> str:

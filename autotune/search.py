@@ -99,7 +99,7 @@ class Search:
         """Run the trials the study still lacks; returns every finished trial (old and new)."""
         study = self.study(key, impl)
         done = self.finished(study)
-        allowed = impl.configs(key, key.mode)
+        allowed = impl.configs(key)
         fixed = {p: impl.default[p] for p in impl.backward_params} if key.mode == "inference" else {}
         free = {p: tuple(v) for p, v in impl.space.items() if p not in fixed}
         dists = {p: CategoricalDistribution(v) for p, v in free.items()}

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..registry import Backend, Impl, Key, Op
+from .inputs import make_inputs
 from .stats import median
 
 _counter = iter(range(1 << 62))
@@ -66,32 +67,20 @@ class Workload:
     def attrs(self) -> tuple:
         return tuple(self.key.attr_dict[a] for a in self.op.attrs)
 
-    def _diff(self) -> list[int]:
-        return [i for i, n in enumerate(self.op.tensors)
-                if n in self.op.differentiable and self.key.inputs[i][1] in ("float32", "float64", "bfloat16",
-                                                                             "float16")]
-
     def prepare(self, calls: int) -> None:
-        """Make ``sets`` input sets of ``calls`` independent argument tuples each."""
+        """Make ``sets`` input sets of ``calls`` independent argument tuples each, in the key's layouts; the
+        inputs whose gradient the key asks for are leaves."""
         self.calls = calls
         gen = torch.Generator().manual_seed(self.seed)
-        diff = self._diff() if self.training else []
         self._inputs, self._grads = [], []
         for _ in range(self.sets):
             flat = []
             for _ in range(calls):
-                ts = self.op.make_inputs(self.key, gen, self.samples, **self.options)
-                ts = [t.to(self.backend.device) for t in ts]
-                for i in diff:
-                    ts[i] = ts[i].detach().requires_grad_()
-                flat.extend(ts)
+                flat.extend(make_inputs(self.op, self.key, gen, self.samples, self.backend.device, **self.options))
             self._inputs.append(tuple(flat))
 
     def bytes_per_call(self) -> int:
-        total = 0
-        for shape, dtype in self.key.inputs:
-            total += math.prod(shape) * torch.empty((), dtype=getattr(torch, dtype)).element_size()
-        return total
+        return sum(s.numel * torch.empty((), dtype=getattr(torch, s.dtype)).element_size() for s in self.key.inputs)
 
     def _leaves(self, flat: tuple) -> list[torch.Tensor]:
         return [t for t in flat if t.requires_grad]

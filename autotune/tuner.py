@@ -90,13 +90,13 @@ class Tuner:
         op = get_op(key.op)
         labels = [s.label() for s in sites]
         samples = self._samples(sites, profile)
-        specs, attrs = key.specs(), key.attr_dict
+        specs, attrs = key.inputs, key.attr_dict
         usable, declined = [], []
         for impl in op.impls.values():
             if impl.backend != self.backend.name:
                 continue
             why = impl.supports(specs, attrs)
-            if why is None and not impl.configs(key, key.mode):
+            if why is None and not impl.configs(key):
                 why = "its constraint admits no config at this shape"
             (declined.append(f"{impl.qualname} declines: {why}") if why else usable.append(impl))
         if not usable:

@@ -15,7 +15,7 @@ import torch
 import nki_autotune.kernels  # noqa: F401
 from nki_autotune.autotune.numerics import check_impl
 from nki_autotune.autotune.timing import Workload
-from nki_autotune.registry import Key, get_backend, get_op
+from nki_autotune.registry import Key, TensorSpec, get_backend, get_op
 
 from .conftest import record
 
@@ -24,7 +24,7 @@ F32, I64 = 4, 8
 
 
 def _key(op, mode, inputs, attrs=()):
-    return Key(op, mode, tuple((tuple(s), d) for s, d in inputs), tuple(sorted(attrs)))
+    return Key.of(get_op(op), tuple(TensorSpec(tuple(s), d) for s, d in inputs), dict(attrs), mode)
 
 
 def _n(shape):
@@ -79,7 +79,7 @@ def test_op(benchmark, case, mode, candidate):
     w = Workload(op, key, CPU, sets=2, options=opts)
     w.prepare(1)
     if candidate == "kernel":
-        config = impl.default if impl.allows(impl.default, key) else impl.configs(key, mode)[0]
+        config = impl.default if impl.allows(impl.default, key) else impl.configs(key)[0]
         assert check_impl(impl, key, config, torch.Generator().manual_seed(0)).ok  # verify as we measure
         runner = w.kernel(impl, config)
     else:

@@ -15,7 +15,7 @@ import torch
 import nki_autotune.kernels as nk
 from nki_autotune.autotune.numerics import check_impl
 from nki_autotune.autotune.timing import Workload
-from nki_autotune.registry import Key, explain, get_backend, get_op, scope
+from nki_autotune.registry import Key, TensorSpec, explain, get_backend, get_op, scope
 
 OP = get_op("rmsnorm")
 IMPL = OP.impls["cpu_rows"]
@@ -26,7 +26,7 @@ CONFIG = {"threads": CPU.fingerprint()["threads"], "rows_per_task": 64}
 
 
 def _key(shape, mode):
-    return Key("rmsnorm", mode, ((shape, "float32"), (shape[-1:], "float32")), (("eps", 1e-6),))
+    return Key.of(OP, (TensorSpec(shape, "float32"), TensorSpec(shape[-1:], "float32")), {"eps": 1e-6}, mode)
 
 
 def _bench(benchmark, runner, shape):

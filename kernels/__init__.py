@@ -5,7 +5,7 @@ kernel declines the input) the call runs that expression, so the compiler fuses
 it like any other code.
 """
 
-from ..registry import check_switches, load_tables
+from ..registry.switches import check_switches, current
 from .cross_entropy import cross_entropy
 from .embedding import embedding
 from .rmsnorm import rmsnorm
@@ -16,6 +16,6 @@ from .swiglu import swiglu
 
 # Switch names and tables are checked now, in eager mode, before any compiled call.
 check_switches()
-load_tables()
+current()
 
 __all__ = ["cross_entropy", "embedding", "rmsnorm", "rope", "segment_sum", "softmax", "swiglu"]

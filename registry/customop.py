@@ -16,7 +16,7 @@ import torch
 from .backend import get_backend
 
 if TYPE_CHECKING:
-    from .ops import Impl
+    from .op import Impl
 
 NAMESPACE = "nki_autotune"
 

@@ -1,4 +1,9 @@
-"""Profiles (DESIGN §5): the call sites of a real run, which the autotuner turns into keys."""
+"""Profiles (DESIGN §5): the call sites of a real run, which the autotuner turns into keys.
+
+Version 2 records each input's layout (``strides``, only where not contiguous) and, as ``requires_grad``,
+whether the call needed that input's gradient (false under ``torch.no_grad()``). Version 1 files still load:
+their inputs are taken as contiguous.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +11,19 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import yamlio
-from .ops import Op
-from .specs import DTYPES, INFERENCE, MODES, TRAINING, Key, TensorSpec
-from .yamlio import Fields, FlowDict, FormatError
+from .specs import DTYPES, INFERENCE, TRAINING, Key, TensorSpec
+from .yamlio import Fields, Flow, FlowDict, FormatError
 
-VERSION = 1
+if TYPE_CHECKING:
+    from .op import Op
+
+VERSION = 2
+READS = (1, 2)
 _SITE = ("op", "site", "inputs", "attrs", "calls", "samples")
-_INPUT = ("shape", "dtype", "requires_grad")
+_INPUT = ("shape", "dtype", "requires_grad", "strides")
 
 
 class ProfileError(FormatError):
@@ -39,7 +47,8 @@ class Site:
         out: dict[str, Any] = {"op": self.op}
         if self.site:
             out["site"] = self.site
-        out["inputs"] = [FlowDict(shape=list(s.shape), dtype=s.dtype, requires_grad=s.requires_grad)
+        out["inputs"] = [FlowDict(shape=Flow(s.shape), dtype=s.dtype, requires_grad=s.requires_grad,
+                                  **({"strides": Flow(s.strides)} if s.strides is not None else {}))
                          for s in self.inputs]
         out["attrs"] = FlowDict(self.attrs)
         out["calls"] = self.calls
@@ -69,21 +78,16 @@ class Profile:
     def keys(self, ops: Mapping[str, Op], mode: str | None = None) -> dict[Key, list[Site]]:
         """Unique keys in first-seen order, each with the sites that share it.
 
-        A site's mode is training when a differentiable input requires grad; ``mode`` ("training",
-        "inference" or "both") overrides. Ops with no differentiable input are always inference.
+        Each site's key is ``Key.of`` its recorded inputs (the rule dispatch applies to live calls); ``mode``
+        ("training", "inference" or "both") overrides the recorded mode.
         """
         out: dict[Key, list[Site]] = {}
         for s in self.sites:
-            op = ops[s.op]
-            if mode is None:
-                modes = [op.mode_of(s.inputs)]
-            else:
-                modes = [TRAINING, INFERENCE] if mode == "both" else [mode]
-            for m in modes:
-                if m == TRAINING and not any(op.tensors[i] in op.differentiable and spec.is_float
-                                             for i, spec in enumerate(s.inputs)):
-                    m = INFERENCE
-                out.setdefault(Key.of(s.op, m, s.inputs, s.attrs), []).append(s)
+            for m in [TRAINING, INFERENCE] if mode == "both" else [mode]:
+                key = Key.of(ops[s.op], s.inputs, s.attrs, m)
+                sites = out.setdefault(key, [])
+                if not any(x is s for x in sites):  # "both" on an op with no gradient: one key
+                    sites.append(s)
         return out
 
 
@@ -96,8 +100,9 @@ def parse_profile(data: Any, path: str, ops: Mapping[str, Op]) -> Profile:
         top = Fields(data, path)
         top.unknown(("version", "sites"))
         version = top.get("version", int)
-        if version != VERSION:
-            raise top.fail("version", f"unsupported version {version}; this nki-autotune reads version {VERSION}")
+        if version not in READS:
+            raise top.fail("version", f"unsupported version {version}; this nki-autotune reads versions "
+                                      f"{', '.join(map(str, READS))}")
         sites = [_parse_site(raw, path, i, ops) for i, raw in enumerate(top.get("sites", list))]
     except ProfileError:
         raise
@@ -123,9 +128,15 @@ def _parse_site(raw: Any, path: str, i: int, ops: Mapping[str, Op]) -> Site:
     for j, item in enumerate(raw_inputs):
         g = Fields(item, f"{f.where}: field 'inputs[{j}]'")
         g.unknown(_INPUT)
+        shape = g.shape(g.get("shape", list), "shape")
+        strides = g.get("strides", list, default=None)
+        if strides is not None and (len(strides) != len(shape) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in strides)):
+            raise g.fail("strides", f"expected {len(shape)} integers (one per dim), got {strides!r}")
         specs.append(TensorSpec(
-            shape=g.shape(g.get("shape", list), "shape"),
+            shape=shape,
             dtype=g.dtype(g.get("dtype", str), "dtype", DTYPES),
+            strides=None if strides is None else tuple(strides),
             requires_grad=g.get("requires_grad", bool, default=False),
         ))
     attrs = f.attrs("attrs", dict(op.attrs), dict(op.defaults))
@@ -146,4 +157,4 @@ def load_profile(path: str | os.PathLike, ops: Mapping[str, Op]) -> Profile:
     return parse_profile(data, str(path), ops)
 
 
-__all__ = ["MODES", "Profile", "ProfileError", "Site", "load_profile", "parse_profile"]
+__all__ = ["Profile", "ProfileError", "Site", "load_profile", "parse_profile"]

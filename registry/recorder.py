@@ -3,7 +3,11 @@
 A site is labelled by the innermost ``nn.Module`` running (its qualified name in the
 outermost one), else by the caller's file:line. While recording, ``torch.compile``
 regions run eagerly (``set_stance("force_eager")``) so that every call is seen
-with its module; shapes, dtypes and call counts are those of the compiled run.
+with its module; shapes, dtypes, layouts and call counts are those of the compiled run.
+Each call's inputs are recorded through ``callkey.key_of_call``, the rule dispatch uses.
+
+Under ``torchrun`` (``RANK`` set) each rank writes its own profile, ``<name>.rank<N>.yaml``;
+``nki-autotune record`` merges the profiles it is given.
 """
 
 from __future__ import annotations
@@ -20,11 +24,17 @@ from typing import Any
 
 import torch
 
-from . import settings as _settings
-from .dispatch import _state
-from .ops import Op, get_op
+from .callkey import key_of_call
+from .op import Op, get_op
 from .profile import Profile, Site
-from .specs import TensorSpec
+from .switches import settings
+
+_active: Recorder | None = None
+
+
+def active() -> Recorder | None:
+    """The recorder running in this process, if any (dispatch reports every eager call to it)."""
+    return _active
 
 
 class Recorder:
@@ -55,6 +65,7 @@ class Recorder:
                 break
 
     def start(self) -> None:
+        global _active
         from torch.nn.modules import module as m
 
         self._hooks = [m.register_module_forward_pre_hook(self._pre), m.register_module_forward_hook(self._post)]
@@ -62,11 +73,12 @@ class Recorder:
         warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
         self._stance = torch.compiler.set_stance("force_eager")
         self._stance.__enter__()
-        _state.recorder = self
+        _active = self
 
     def stop(self) -> None:
-        if _state.recorder is self:
-            _state.recorder = None
+        global _active
+        if _active is self:
+            _active = None
         for h in self._hooks:
             h.remove()
         self._hooks = []
@@ -89,12 +101,9 @@ class Recorder:
             return "unknown"
         return f"{os.path.relpath(frame.f_code.co_filename)}:{frame.f_lineno}"
 
-    def log(self, op: Op, tensors: tuple, attrs: tuple) -> None:
-        specs = tuple(
-            TensorSpec(tuple(t.shape), str(t.dtype).removeprefix("torch."), requires_grad=t.requires_grad)
-            for t in tensors
-        )
-        k = (op.name, self._site(), specs, attrs)
+    def log(self, op: Op, tensors: tuple, raw: tuple, attrs: tuple, grad_enabled: bool) -> None:
+        key = key_of_call(op, raw, op.attr_dict(attrs), grad_enabled)
+        k = (op.name, self._site(), key.inputs, attrs)
         self.counts[k] += 1
         if self.samples and op.data_dependent and k not in self.captured:
             self.captured[k] = {n: t.detach().cpu().clone() for n, t in zip(op.tensors, tensors)}
@@ -119,6 +128,16 @@ class Recorder:
         return profile
 
 
+def rank_path(path: str | os.PathLike, env: dict[str, str] | None = None) -> Path:
+    """Where this process writes its profile: ``path``, or under ``torchrun`` one file per rank beside it."""
+    env = os.environ if env is None else env
+    path = Path(path)
+    rank = env.get("RANK", env.get("LOCAL_RANK"))
+    if rank is None or env.get("WORLD_SIZE", "2") == "1":
+        return path
+    return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
 @contextmanager
 def record(path: str | os.PathLike, samples: bool = False) -> Iterator[Recorder]:
     """Record every pack call in the block; the profile is written to ``path`` when it ends."""
@@ -132,11 +151,11 @@ def record(path: str | os.PathLike, samples: bool = False) -> Iterator[Recorder]
 
 
 def autostart() -> Recorder | None:
-    """Honour ``NKI_AUTOTUNE_RECORD``: record the whole process, write the profile at exit."""
-    s = _settings.settings()
-    if not s.record or _state.recorder is not None:
+    """Honour ``NKI_AUTOTUNE_RECORD``: record the whole process, write the profile at exit (one per rank)."""
+    s = settings()
+    if not s.record or _active is not None:
         return None
-    rec = Recorder(s.record, samples=s.record_samples)
+    rec = Recorder(rank_path(s.record), samples=s.record_samples)
     rec.start()
 
     def finish() -> None:

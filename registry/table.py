@@ -1,4 +1,13 @@
-"""The dispatch table (DESIGN §5): which impl and config serve each call-site key."""
+"""The dispatch table (DESIGN §5): which impl and config serve each call-site key.
+
+Plain data: reading, validating and writing a table imports neither torch nor any kernel, so ``show`` and
+``diff`` stay light. Validation against the registered ops (op names, attributes, impls, configs) happens
+when the ops are given, as dispatch and the autotuner do.
+
+Each input of an entry is ``[shape, dtype]``, with a third item ``{strides: [...], grad: ...}`` only where the
+input is not contiguous, or where its gradient is not what the mode implies (training: every floating-point
+input's; inference: none).
+"""
 
 from __future__ import annotations
 
@@ -6,16 +15,37 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import yamlio
-from .ops import Op
-from .specs import DTYPES, MODES, Key
+from .sources import source_hash
+from .specs import DTYPES, MODES, TRAINING, Key, TensorSpec, attrs_key
 from .yamlio import Fields, Flow, FlowDict, FormatError
+
+if TYPE_CHECKING:
+    from .op import Op
 
 VERSION = 1
 _TOP = ("version", "fingerprint", "created", "entries")
-_ENTRY = ("op", "mode", "inputs", "attrs", "sites", "choice", "source", "measured", "reason")
+_ENTRY = ("op", "mode", "inputs", "attrs", "sites", "choice", "source", "module", "measured", "reason")
+_LAYOUT = ("strides", "grad")
+
+
+def _default_grad(mode: str, spec: TensorSpec) -> bool:
+    return mode == TRAINING and spec.is_float
+
+
+def input_yaml(mode: str, spec: TensorSpec) -> Flow:
+    """One input as written in a table: ``[shape, dtype]``, plus its layout and gradient where not the default."""
+    item = Flow([Flow(spec.shape), spec.dtype])
+    extra = FlowDict()
+    if spec.strides is not None:
+        extra["strides"] = Flow(spec.strides)
+    if spec.requires_grad != _default_grad(mode, spec):
+        extra["grad"] = spec.requires_grad
+    if extra:
+        item.append(extra)
+    return item
 
 
 class TableError(FormatError):
@@ -30,21 +60,26 @@ class Entry:
     config: dict[str, int] = field(default_factory=dict)
     sites: list[str] = field(default_factory=list)
     source: str | None = None
+    """Hash of the source the entry was tuned for (``registry.sources``): other source makes the entry stale."""
     measured: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
+    module: str | None = None
+    """The module holding the kernel ``source`` hashes, so the hash can be checked without importing it."""
 
     def to_yaml(self) -> dict[str, Any]:
         k = self.key
         out: dict[str, Any] = {
             "op": k.op,
             "mode": k.mode,
-            "inputs": Flow(Flow([Flow(s), d]) for s, d in k.inputs),
+            "inputs": Flow(input_yaml(k.mode, s) for s in k.inputs),
             "attrs": FlowDict(k.attrs),
             "sites": Flow(self.sites),
             "choice": "compiler" if self.impl is None else FlowDict(impl=self.impl, config=FlowDict(self.config)),
         }
         if self.source:
             out["source"] = self.source
+        if self.module:
+            out["module"] = self.module
         if self.measured:
             out["measured"] = FlowDict(self.measured)
         out["reason"] = self.reason
@@ -57,12 +92,28 @@ class Table:
     entries: list[Entry] = field(default_factory=list)
     created: str = ""
     path: str | None = None
+    stale: dict[int, str] = field(default_factory=dict)
+    """Index -> why: entries tuned for other kernel source, which dispatch ignores (set by the loader)."""
 
     def __post_init__(self) -> None:
-        self._index = {e.key: e for e in self.entries}
+        self._index = {e.key: i for i, e in enumerate(self.entries)}
 
     def lookup(self, key: Key) -> Entry | None:
+        i = self._index.get(key)
+        return None if i is None else self.entries[i]
+
+    def index(self, key: Key) -> int | None:
         return self._index.get(key)
+
+    def nearest(self, key: Key) -> tuple[int, list[str]] | None:
+        """The entry of the same op that differs from ``key`` in the fewest fields: (its index, those fields)."""
+        best = None
+        for i, e in enumerate(self.entries):
+            if e.key.op == key.op:
+                diff = key.differences(e.key)
+                if best is None or len(diff) < len(best[1]):
+                    best = (i, diff)
+        return best
 
     def to_yaml(self) -> str:
         created = self.created or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -81,8 +132,8 @@ def _fail(e: FormatError) -> TableError:
     return TableError(str(e))
 
 
-def parse_table(data: Any, path: str, ops: Mapping[str, Op]) -> Table:
-    """Validate ``data`` (parsed YAML) against the format and the registered ops."""
+def parse_table(data: Any, path: str, ops: Mapping[str, Op] | None = None) -> Table:
+    """Validate ``data`` (parsed YAML) against the format, and against the registered ``ops`` when given."""
     try:
         top = Fields(data, path)
         top.unknown(_TOP)
@@ -108,27 +159,43 @@ def parse_table(data: Any, path: str, ops: Mapping[str, Op]) -> Table:
     return Table(fingerprint=dict(fingerprint), entries=entries, created=created, path=path)
 
 
-def _parse_entry(raw: Any, where: str, ops: Mapping[str, Op]) -> Entry:
+def _parse_input(f: Fields, j: int, item: Any, mode: str) -> TensorSpec:
+    field = f"inputs[{j}]"
+    if not isinstance(item, list) or len(item) not in (2, 3):
+        raise f.fail(field, f"expected [shape, dtype] or [shape, dtype, {{strides: [...], grad: ...}}], got {item!r}")
+    shape, dtype = f.shape(item[0], field), f.dtype(item[1], field, DTYPES)
+    extra = Fields(item[2] if len(item) == 3 else {}, f"{f.where}: field '{field}'")
+    extra.unknown(_LAYOUT)
+    strides = extra.get("strides", list, default=None)
+    if strides is not None:
+        if len(strides) != len(shape) or not all(isinstance(v, int) and not isinstance(v, bool) for v in strides):
+            raise f.fail(f"{field}.strides", f"expected {len(shape)} integers (one per dim), got {strides!r}")
+        strides = tuple(strides)
+    spec = TensorSpec(shape, dtype, strides)
+    return TensorSpec(shape, dtype, strides, extra.get("grad", bool, default=_default_grad(mode, spec)))
+
+
+def _parse_entry(raw: Any, where: str, ops: Mapping[str, Op] | None) -> Entry:
     f = Fields(raw, where)
     name = f.get("op", str)
-    if name not in ops:
-        raise f.fail("op", f"unknown op {name!r}; known ops: {', '.join(sorted(ops)) or 'none'}")
-    op = ops[name]
+    op = None
+    if ops is not None:
+        if name not in ops:
+            raise f.fail("op", f"unknown op {name!r}; known ops: {', '.join(sorted(ops)) or 'none'}")
+        op = ops[name]
     f.where = f"{where} ({name})"
     f.unknown(_ENTRY)
     mode = f.get("mode", str)
     if mode not in MODES:
         raise f.fail("mode", f"{mode!r} is not allowed; use one of: {', '.join(MODES)}")
     inputs = f.get("inputs", list)
-    if len(inputs) != len(op.tensors):
+    if op is not None and len(inputs) != len(op.tensors):
         raise f.fail("inputs", f"{name} takes {len(op.tensors)} tensors ({', '.join(op.tensors)}), got {len(inputs)}")
-    specs = []
-    for j, item in enumerate(inputs):
-        if not isinstance(item, list) or len(item) != 2:
-            raise f.fail(f"inputs[{j}]", f"expected [shape, dtype], got {item!r}")
-        specs.append((f.shape(item[0], f"inputs[{j}]"), f.dtype(item[1], f"inputs[{j}]", DTYPES)))
-    attrs = f.attrs("attrs", dict(op.attrs))
-    key = Key(name, mode, tuple(specs), tuple(sorted(attrs.items())))
+    specs = tuple(_parse_input(f, j, item, mode) for j, item in enumerate(inputs))
+    if op is None:
+        key = Key(name, mode, specs, attrs_key(f.get("attrs", dict, default={})))
+    else:
+        key = Key.of(op, specs, f.attrs("attrs", dict(op.attrs)), mode)
     choice = f.get("choice", (str, dict), what="'compiler' or {impl: NAME, config: {...}}")
     impl, config = None, {}
     if isinstance(choice, str):
@@ -138,32 +205,49 @@ def _parse_entry(raw: Any, where: str, ops: Mapping[str, Op]) -> Entry:
         c = Fields(choice, f"{f.where}: field 'choice'")
         c.unknown(("impl", "config"))
         impl = c.get("impl", str)
-        if impl not in op.impls:
-            raise f.fail("choice.impl", f"unknown impl {impl!r} of {name}; it has: {', '.join(op.impls) or 'none'}")
-        space = op.impls[impl].space
         config = c.get("config", dict, default={})
         for p, v in config.items():
-            if p not in space:
-                raise f.fail(f"choice.config.{p}", f"not a parameter of {name}.{impl}; it has: {', '.join(space)}")
             if not isinstance(v, int) or isinstance(v, bool):
                 raise f.fail(f"choice.config.{p}", f"expected an integer, got {v!r}")
-        config = {**op.impls[impl].default, **config}
+        if op is not None:
+            if impl not in op.impls:
+                raise f.fail("choice.impl", f"unknown impl {impl!r} of {name}; it has: {', '.join(op.impls) or 'none'}")
+            space = op.impls[impl].space
+            for p in config:
+                if p not in space:
+                    raise f.fail(f"choice.config.{p}", f"not a parameter of {name}.{impl}; it has: {', '.join(space)}")
+            config = {**op.impls[impl].default, **config}
     sites = f.get("sites", list, default=[])
     return Entry(
         key=key, impl=impl, config=config, sites=[str(s) for s in sites],
         source=f.get("source", str, default=None),
         measured=dict(f.get("measured", dict, default={})),
         reason=str(f.get("reason", str, default="")),
+        module=f.get("module", str, default=None),
     )
 
 
-def load_table(path: str | os.PathLike, ops: Mapping[str, Op]) -> Table:
-    """Read and validate a table file; errors name the file, entry and field."""
+def load_table(path: str | os.PathLike, ops: Mapping[str, Op] | None = None) -> Table:
+    """Read and validate a table file (against ``ops`` when given); errors name the file, entry and field."""
     try:
         data = yamlio.load(path, "dispatch table")
     except FormatError as e:
         raise _fail(e) from None
     return parse_table(data, str(path), ops)
+
+
+def stale_reason(entry: Entry, module: str | None) -> str | None:
+    """Why ``entry`` no longer applies to the kernel in ``module`` (its source changed), or None.
+
+    An entry that records no source makes no claim about it and is never stale."""
+    if not entry.source or not module:
+        return None
+    now = source_hash(module)
+    if now is None:
+        return f"the source of {module} cannot be found to check it"
+    if now != entry.source:
+        return f"tuned for source {entry.source}, {module} is now {now}"
+    return None
 
 
 def fingerprint_mismatch(table: Table, current: Mapping[str, Any] | None) -> str | None:

@@ -47,7 +47,9 @@ def write_table(tmp_path):
 
 
 def rmsnorm_key(shape, mode="training", dtype="float32", eps=1e-6) -> Key:
-    return Key("rmsnorm", mode, ((tuple(shape), dtype), ((shape[-1],), dtype)), (("eps", eps),))
+    from .helpers import key_of
+
+    return key_of("rmsnorm", mode, [(shape, dtype), ((shape[-1],), dtype)], {"eps": eps})
 
 
 @pytest.fixture

@@ -47,3 +47,11 @@ def float32_floor(fn, inputs: tuple, copies: int = 4, seed: int = 0) -> float:
         worst = max([worst] + [rel_err(o, r) for o, r in zip(outs, ref_outs)]
                     + [rel_err(g, r) for g, r in zip(grads, ref_grads)])
     return worst
+
+
+def key_of(op: str, mode: str, inputs, attrs=()):
+    """The key of ``op`` on contiguous inputs given as (shape, dtype) pairs, in ``mode`` (``Key.of``'s rule)."""
+    from nki_autotune.registry import Key, TensorSpec, get_op
+
+    specs = tuple(TensorSpec(tuple(s), d) for s, d in inputs)
+    return Key.of(get_op(op), specs, dict(attrs), mode)

@@ -42,7 +42,7 @@ def test_run_writes_a_table_and_a_summary(tuned):
     assert "dispatch table" in r.stdout and "speedup" in r.stdout and "wrote" in r.stdout
     table = load_table(out, ops())
     assert len(table.entries) == 2
-    f64 = [e for e in table.entries if e.key.inputs[0][1] == "float64"][0]
+    f64 = [e for e in table.entries if e.key.inputs[0].dtype == "float64"][0]
     assert f64.impl is None and "declines" in f64.reason
     r2 = cli("run", str(prof), "-o", str(d / "again.yaml"), "--trials", "2", "--storage", f"sqlite:///{d}/s.db")
     assert r2.returncode == 0 and "nothing measured" in r2.stdout

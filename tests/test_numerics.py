@@ -7,13 +7,15 @@ import torch
 
 from nki_autotune.autotune.numerics import Numerics, compare, poisoned, tolerance
 from nki_autotune.autotune.stats import bootstrap_ci, paired_speedup
-from nki_autotune.registry import Key, get_op
+from nki_autotune.registry import get_op
+
+from .helpers import key_of
 
 OP = get_op("rmsnorm")
 
 
 def key(dtype="float32", mode="training", shape=(16, 32)):
-    return Key("rmsnorm", mode, ((shape, dtype), (shape[-1:], dtype)), (("eps", 1e-6),))
+    return key_of("rmsnorm", mode, [(shape, dtype), (shape[-1:], dtype)], {"eps": 1e-6})
 
 
 def test_tolerance_by_dtype():

@@ -11,6 +11,8 @@ import torch
 from nki_autotune.autotune.numerics import check_impl
 from nki_autotune.registry import Key, ops
 
+from .helpers import key_of
+
 NKI_IMPLS = [impl for op in ops().values() for impl in op.impls.values() if impl.backend == "neuron"]
 SEED = random.SystemRandom().randrange(2**31)
 
@@ -24,9 +26,8 @@ def target(request, monkeypatch):
 def _keys(impl):
     op = impl.op
     for inputs, extra in op.examples:
-        attrs = tuple(sorted({**op.defaults, **extra}.items()))
         for mode in ("inference", "training"):
-            yield Key(op.name, mode, inputs, attrs)
+            yield key_of(op.name, mode, inputs, {**op.defaults, **extra})
 
 
 def test_every_op_has_an_nki_impl():
@@ -36,9 +37,9 @@ def test_every_op_has_an_nki_impl():
 @pytest.mark.parametrize("impl", NKI_IMPLS, ids=lambda i: i.qualname)
 def test_examples_forward_and_backward(target, impl):
     for key in _keys(impl):
-        if impl.supports(key.specs(), key.attr_dict):
+        if impl.supports(key.inputs, key.attr_dict):
             continue
-        for cfg in impl.configs(key, key.mode):  # every config the constraint admits runs and is right
+        for cfg in impl.configs(key):  # every config the constraint admits runs and is right
             res = check_impl(impl, key, cfg, torch.Generator().manual_seed(SEED))
             assert res.ok, (key.label(), cfg, res)
 
@@ -55,7 +56,7 @@ def _fresh_key(name: str, rng: random.Random, dtype: str) -> Key:
         "embedding": ([((n,), "int64"), ((d + 1, 16), dtype)], {}),
         "segment_sum": ([((n, 5), dtype), ((n,), "int64")], {"num_segments": d + 1}),
     }[name]
-    return Key(name, "training", tuple(shapes[0]), tuple(sorted(shapes[1].items())))
+    return key_of(name, "training", shapes[0], shapes[1])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -63,9 +64,9 @@ def _fresh_key(name: str, rng: random.Random, dtype: str) -> Key:
 def test_fresh_shapes(impl, dtype):
     rng = random.Random(SEED + hash(impl.qualname) % 1000)
     key = _fresh_key(impl.op.name, rng, dtype)
-    why = impl.supports(key.specs(), key.attr_dict)
+    why = impl.supports(key.inputs, key.attr_dict)
     assert why is None, why  # every NKI impl takes float32 and bfloat16 at these sizes
-    cfg = dict(impl.default) if impl.allows(impl.default, key) else impl.configs(key, "training")[0]
+    cfg = dict(impl.default) if impl.allows(impl.default, key) else impl.configs(key)[0]
     res = check_impl(impl, key, cfg, torch.Generator().manual_seed(SEED))
     assert res.ok, (key.label(), cfg, res)
 

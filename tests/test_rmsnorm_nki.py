@@ -11,13 +11,15 @@ import torch
 from nki_autotune.autotune.numerics import check_impl
 from nki_autotune.kernels.rmsnorm.nki import NKI_TILED, sbuf_bytes
 from nki_autotune.kernels.rmsnorm.op import RMSNORM
-from nki_autotune.registry import Key, TensorSpec, explain, get_backend
+from nki_autotune.registry import TensorSpec, explain, get_backend
 from nki_autotune.registry.neuron import NEURON, typed
 from nki_autotune.registry.nkisim import NkiError
 
+from .helpers import key_of
+
 
 def key(rows, width, dtype, mode):
-    return Key("rmsnorm", mode, (((rows, width), dtype), ((width,), dtype)), (("eps", 1e-6),))
+    return key_of("rmsnorm", mode, [((rows, width), dtype), ((width,), dtype)], {"eps": 1e-6})
 
 
 @pytest.fixture(params=["trn2", "trn3"])
@@ -37,7 +39,7 @@ def test_forward_and_backward_match_float64(target, rows, width, dtype):
 
 def test_every_admitted_config_runs_within_the_limits_and_a_rejected_one_breaks_them(target):
     k = key(130, 1100, "float32", "training")
-    admitted = NKI_TILED.configs(k, "training")
+    admitted = NKI_TILED.configs(k)
     assert admitted and len(admitted) < len(NKI_TILED.configs())
     for cfg in admitted:
         res = check_impl(NKI_TILED, k, cfg, torch.Generator().manual_seed(1))

@@ -7,7 +7,7 @@ import torch
 
 import nki_autotune.kernels as nk
 from nki_autotune.registry import Entry, SettingsError, explain, reload_settings, settings
-from nki_autotune.registry.settings import read_settings
+from nki_autotune.registry.env import read_settings
 
 from .conftest import rmsnorm_key
 
@@ -122,7 +122,10 @@ def test_table_mode_must_match(switches, write_table):
     switches(NKI_AUTOTUNE_TABLE=write_table([_kernel_entry((8, 64), mode="training")]))
     x, w = _xw()
     assert explain("rmsnorm", x, w).path == "compiler"  # an inference call
-    assert explain("rmsnorm", x.requires_grad_(), w).path == "kernel"
+    x.requires_grad_()
+    frozen = explain("rmsnorm", x, w)  # training, but the weight is frozen: another key
+    assert frozen.path == "compiler" and "differs in gradient of input 1" in frozen.reason, frozen.reason
+    assert explain("rmsnorm", x, w.requires_grad_()).path == "kernel"
     with torch.no_grad():
         assert explain("rmsnorm", x, w).path == "compiler"
 

@@ -8,8 +8,10 @@ import torch
 from nki_autotune.autotune.search import Search, open_storage
 from nki_autotune.autotune.timing import Clock
 from nki_autotune.autotune.tuner import Options, Tuner
-from nki_autotune.registry import Key, Profile, Site, TensorSpec, get_backend, get_op
+from nki_autotune.registry import Profile, Site, TensorSpec, get_backend, get_op
 from nki_autotune.registry.cpu import CpuBackend
+
+from .helpers import key_of
 
 IMPL = get_op("rmsnorm").impls["cpu_rows"]
 
@@ -63,7 +65,7 @@ def test_kernel_enabled_where_faster_with_its_best_config(tmp_path):
     assert e.impl == "cpu_rows" and e.config == {"threads": 2, "rows_per_task": 16}
     m = e.measured
     assert m["speedup"] > 2.0 and m["ci95"][0] > 1.0 and m["rounds"] == 12
-    assert m["rel_err"] < 1e-5 and m["trials"] == len(IMPL.configs(e.key, "training"))
+    assert m["rel_err"] < 1e-5 and m["trials"] == len(IMPL.configs(e.key))
     assert {"kernel_us", "compiler_us", "compile_s", "region"} <= set(m)
     assert e.sites == ["model.norm"] and e.source == IMPL.source_hash
     assert "faster" in e.reason and "within 1e-05" in e.reason
@@ -123,7 +125,7 @@ def test_a_config_that_raises_is_a_failed_trial_and_the_run_goes_on(tmp_path, mo
 
 def test_killed_run_resumes_without_redoing_trials_and_a_second_run_measures_nothing(tmp_path, monkeypatch):
     key_site = site()
-    n_configs = len(IMPL.configs(Profile([key_site]).keys({"rmsnorm": get_op("rmsnorm")}).popitem()[0], "training"))
+    n_configs = len(IMPL.configs(Profile([key_site]).keys({"rmsnorm": get_op("rmsnorm")}).popitem()[0]))
     evaluated = []
     t1 = tuner(tmp_path, FakeClock(fast_when()))
     orig = t1._evaluate
@@ -155,7 +157,7 @@ def test_killed_run_resumes_without_redoing_trials_and_a_second_run_measures_not
 
 def test_study_names_carry_fingerprint_and_source(tmp_path, monkeypatch):
     t = tuner(tmp_path, FakeClock(fast_when()))
-    key = Key("rmsnorm", "training", (((4, 8), "float32"), ((8,), "float32")), (("eps", 1e-6),))
+    key = key_of("rmsnorm", "training", [((4, 8), "float32"), ((8,), "float32")], {"eps": 1e-6})
     name = t.search.study_name(key, IMPL)
     assert IMPL.source_hash in name and t.search.fp in name
     other = Search(t.search.storage, {**get_backend("cpu").fingerprint(), "device": "elsewhere"})
@@ -205,7 +207,7 @@ def test_real_timing_smoke(tmp_path):
 
 
 def test_source_hash_covers_the_kernel_its_helpers_and_the_reference():
-    from nki_autotune.registry.ops import source_modules
+    from nki_autotune.registry.sources import source_modules
 
     assert source_modules("nki_autotune.kernels.embedding.cpu") == [
         "nki_autotune.kernels._cpu", "nki_autotune.kernels._indexed", "nki_autotune.kernels._indices",

@@ -108,7 +108,7 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
 
 
 def constraint(config: dict, key: Key) -> bool:
-    return config["threads"] == 1 or key.inputs[0][0][0] >= config["threads"]
+    return config["threads"] == 1 or key.inputs[0].shape[0] >= config["threads"]
 
 
 CPU_ROWS = register_impl(Impl(

@@ -171,7 +171,7 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
 
 
 def constraint(config: dict, key: Key) -> bool:
-    (shape, _), _ = key.inputs
+    shape = key.inputs[0].shape
     if config["chunk"] > max(min(CHUNK), shape[1]) or config["rows_per_tile"] > max(32, shape[0]):
         return False
     return fits_sbuf(config["chunk"] * 4 * 4 + 64)

@@ -15,8 +15,8 @@ def reference(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> 
 def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, ignored: float = 0.05,
                 **_) -> tuple[torch.Tensor, ...]:
     """Logits of a half-trained model (spread about 2) and targets with a few ignored (padding) positions."""
-    (ls, ld), (ts, _) = key.inputs
-    logits = 2.0 * torch.randn(ls, generator=gen, dtype=getattr(torch, ld))
+    ls, ts = key.inputs[0].shape, key.inputs[1].shape
+    logits = 2.0 * torch.randn(ls, generator=gen, dtype=getattr(torch, key.inputs[0].dtype))
     if samples is not None and "target" in samples and tuple(samples["target"].shape) == tuple(ts):
         return logits, samples["target"].clone()
     target = torch.randint(0, ls[-1], ts, generator=gen)

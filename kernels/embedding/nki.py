@@ -57,7 +57,7 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
 
 def constraint(config: dict, key: Key) -> bool:
     n = 1
-    for s in key.inputs[0][0]:
+    for s in key.inputs[0].shape:
         n *= s
     return config["rows_per_tile"] <= max(32, n) and fits_sbuf(4 * config["chunk"] * 2 + 4 * 128 * 2)
 

@@ -16,11 +16,11 @@ def reference(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, dist: str = "zipf", sort: bool = False,
                 **_) -> tuple[torch.Tensor, ...]:
     """Token ids are Zipf-skewed by default (frequent tokens repeat: the scatter-add's hard case)."""
-    (ishape, _), (wshape, wd) = key.inputs
-    ids = sample_or(samples, "ids", ishape)
+    ids_spec, w = key.inputs
+    ids = sample_or(samples, "ids", ids_spec.shape)
     if ids is None:
-        ids = make_index(ishape, wshape[0], gen, dist, sort)
-    return ids, torch.randn(wshape, generator=gen, dtype=getattr(torch, wd))
+        ids = make_index(ids_spec.shape, w.shape[0], gen, dist, sort)
+    return ids, torch.randn(w.shape, generator=gen, dtype=getattr(torch, w.dtype))
 
 
 def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor]:

@@ -120,7 +120,7 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
 
 
 def constraint(config: dict, key: Key) -> bool:
-    (xs, _), _ = key.inputs
+    xs = key.inputs[0].shape
     d = xs[-1] if xs else 1
     n = max(1, (int(np.prod(xs)) // d) if d else 1)
     threads = config["threads"]

@@ -197,7 +197,7 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
 
 def constraint(config: dict, key: Key) -> bool:
     """The hardware limits: SBUF bytes per partition, PSUM banks, the matmul's moving size."""
-    (xs, dtype), _ = key.inputs
+    xs, dtype = key.inputs[0].shape, key.inputs[0].dtype
     d, t = xs[-1], limits_target()
     training = key.mode == "training"
     if config["chunk"] > t.matmul_n_fp32 or config["chunk"] * 4 > t.psum_bank_bytes:

@@ -12,9 +12,9 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None) -> tuple[torch.Tensor, ...]:
-    (xs, xd), (ws, wd) = key.inputs
-    x = torch.randn(xs, generator=gen, dtype=getattr(torch, xd))
-    w = 1.0 + 0.1 * torch.randn(ws, generator=gen, dtype=getattr(torch, wd))
+    xs, ws = key.inputs
+    x = torch.randn(xs.shape, generator=gen, dtype=getattr(torch, xs.dtype))
+    w = 1.0 + 0.1 * torch.randn(ws.shape, generator=gen, dtype=getattr(torch, ws.dtype))
     return x, w
 
 

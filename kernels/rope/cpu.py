@@ -104,7 +104,7 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
 
 
 def constraint(config: dict, key: Key) -> bool:
-    b, _, n, _ = key.inputs[0][0]
+    b, _, n, _ = key.inputs[0].shape
     tasks = b * -(-n // config["positions_per_task"])
     return config["threads"] == 1 or tasks >= config["threads"]
 

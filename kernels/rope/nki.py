@@ -121,7 +121,7 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
 
 
 def constraint(config: dict, key: Key) -> bool:
-    return config["rows_per_tile"] <= max(32, key.inputs[0][0][2])
+    return config["rows_per_tile"] <= max(32, key.inputs[0].shape[2])
 
 
 NKI_POSITIONS = register_impl(Impl(

@@ -18,15 +18,15 @@ def reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
 
 
 def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, **_) -> tuple[torch.Tensor, ...]:
-    (qs, qd), (ks, kd), (cs, cd), _ = key.inputs
-    q = torch.randn(qs, generator=gen, dtype=getattr(torch, qd))
-    k = torch.randn(ks, generator=gen, dtype=getattr(torch, kd))
-    b, s, d = cs
+    qs, ks, cs, _ = key.inputs
+    q = torch.randn(qs.shape, generator=gen, dtype=getattr(torch, qs.dtype))
+    k = torch.randn(ks.shape, generator=gen, dtype=getattr(torch, ks.dtype))
+    b, s, d = cs.shape
     inv = 1.0 / (10000.0 ** (torch.arange(0, d - d % 2, 2, dtype=torch.float64) / max(d, 1)))
     pos = torch.arange(s, dtype=torch.float64) + torch.randint(0, 1000, (b, 1), generator=gen)
     ang = pos.unsqueeze(-1) * inv
     emb = torch.cat((ang, ang), -1)[..., :d]
-    return q, k, emb.cos().to(getattr(torch, cd)), emb.sin().to(getattr(torch, cd))
+    return q, k, emb.cos().to(getattr(torch, cs.dtype)), emb.sin().to(getattr(torch, cs.dtype))
 
 
 def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor, torch.Tensor]:

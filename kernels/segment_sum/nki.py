@@ -60,7 +60,7 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
 
 
 def constraint(config: dict, key: Key) -> bool:
-    return config["rows_per_tile"] <= max(32, key.inputs[1][0][0])
+    return config["rows_per_tile"] <= max(32, key.inputs[1].shape[0])
 
 
 NKI_MATMUL = register_impl(Impl(

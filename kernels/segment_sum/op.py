@@ -14,11 +14,11 @@ def reference(src: torch.Tensor, index: torch.Tensor, num_segments: int) -> torc
 
 def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, dist: str = "uniform",
                 sort: bool = False, **_) -> tuple[torch.Tensor, ...]:
-    (sshape, sd), (ishape, _) = key.inputs
-    index = sample_or(samples, "index", ishape)
+    src, index_spec = key.inputs
+    index = sample_or(samples, "index", index_spec.shape)
     if index is None:
-        index = make_index(ishape, key.attr_dict["num_segments"], gen, dist, sort)
-    return torch.randn(sshape, generator=gen, dtype=getattr(torch, sd)), index
+        index = make_index(index_spec.shape, key.attr_dict["num_segments"], gen, dist, sort)
+    return torch.randn(src.shape, generator=gen, dtype=getattr(torch, src.dtype)), index
 
 
 def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor]:

@@ -86,7 +86,7 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
 
 
 def constraint(config: dict, key: Key) -> bool:
-    ((shape, _),) = key.inputs
+    shape = key.inputs[0].shape
     rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
     return config["threads"] == 1 or rows >= config["threads"]
 

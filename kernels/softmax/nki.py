@@ -98,7 +98,7 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
 
 
 def constraint(config: dict, key: Key) -> bool:
-    ((shape, _),) = key.inputs
+    shape = key.inputs[0].shape
     rows = 1
     for s in shape[:-1]:
         rows *= s

@@ -12,8 +12,8 @@ def reference(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, **_) -> tuple[torch.Tensor, ...]:
-    ((shape, dtype),) = key.inputs
-    return (3.0 * torch.randn(shape, generator=gen, dtype=getattr(torch, dtype)),)
+    (x,) = key.inputs
+    return (3.0 * torch.randn(x.shape, generator=gen, dtype=getattr(torch, x.dtype)),)
 
 
 def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor]:

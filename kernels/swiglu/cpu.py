@@ -67,7 +67,7 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
 
 
 def constraint(config: dict, key: Key) -> bool:
-    n = int(np.prod(key.inputs[0][0]))
+    n = key.inputs[0].numel
     tasks = -(-n // config["block"])
     if config["threads"] > 1 and tasks < config["threads"]:
         return False

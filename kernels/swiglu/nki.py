@@ -84,7 +84,7 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
 
 
 def constraint(config: dict, key: Key) -> bool:
-    (shape, dtype), _ = key.inputs
+    shape, dtype = key.inputs[0].shape, key.inputs[0].dtype
     width = shape[-1]
     rows = 1
     for s in shape[:-1]:

@@ -13,7 +13,7 @@ def reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, **_) -> tuple[torch.Tensor, ...]:
-    return tuple(2.0 * torch.randn(s, generator=gen, dtype=getattr(torch, d)) for s, d in key.inputs)
+    return tuple(2.0 * torch.randn(s.shape, generator=gen, dtype=getattr(torch, s.dtype)) for s in key.inputs)
 
 
 def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor]:

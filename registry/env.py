@@ -2,7 +2,8 @@
 
 Compiled code must never read ``os.environ``: a variable read at trace time would
 be baked into the graph without a guard. Everything reads ``settings()`` instead,
-and only ``reload_settings()`` looks at the environment again.
+and only ``reload_settings()`` looks at the environment again (``registry.switches``
+holds the settings in force).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ TABLE = "NKI_AUTOTUNE_TABLE"
 STRICT = "NKI_AUTOTUNE_STRICT"
 RECORD = "NKI_AUTOTUNE_RECORD"
 RECORD_SAMPLES = "NKI_AUTOTUNE_RECORD_SAMPLES"
+LOG = "NKI_AUTOTUNE_LOG"
 
 MODES = ("auto", "off", "on")
 _OFF = {"off", "0", "false", "no"}
@@ -47,6 +49,8 @@ class Settings:
     """Where tuning studies live by default: ``$XDG_CACHE_HOME/nki-autotune`` (else ``~/.cache/nki-autotune``)."""
     record_samples: bool = False
     """``NKI_AUTOTUNE_RECORD_SAMPLES``: also save the real inputs of data-dependent ops (indices)."""
+    log: bool = False
+    """``NKI_AUTOTUNE_LOG``: log each distinct dispatch decision once (logger ``nki_autotune.dispatch``)."""
 
     def ident(self) -> tuple:
         """Hashable identity of the switches that steer dispatch."""
@@ -103,21 +107,9 @@ def read_settings(env: Mapping[str, str]) -> Settings:
         strict=_flag(STRICT, env.get(STRICT, "")),
         record=record,
         record_samples=_flag(RECORD_SAMPLES, env.get(RECORD_SAMPLES, "")),
+        log=_flag(LOG, env.get(LOG, "")),
         cache_dir=os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nki-autotune"),
     )
-
-
-_current: Settings = read_settings(os.environ)
-
-
-def settings() -> Settings:
-    """The settings in force (read at import, or at the last ``reload_settings``)."""
-    return _current
-
-
-def _set(new: Settings) -> None:
-    global _current
-    _current = new
 
 
 def switch_variables(env: Mapping[str, str] | None = None) -> dict[str, str]:

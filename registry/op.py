@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import itertools
-import sys
-import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .customop import build
+from .sources import source_hash
 from .specs import Key, TensorSpec
 
 _SCHEMA_TYPES = {float: "float", int: "int", bool: "bool"}
@@ -34,9 +31,9 @@ class Op:
     data_dependent: tuple[str, ...] = ()
     """Tensor arguments whose values (not only shapes) set the cost, e.g. indices: recorded as samples."""
     make_inputs: Callable[..., tuple] | None = None
+    """``make_inputs(key, generator, samples=None)`` -> contiguous tensors for benchmarks and numerics."""
     examples: tuple[tuple[tuple[tuple[tuple[int, ...], str], ...], dict[str, Any]], ...] = ()
     """(inputs as (shape, dtype) pairs, attrs beyond the defaults) that ``nki-autotune check`` runs every impl on."""
-    """``make_inputs(key, generator, samples=None)`` -> tensors for benchmarks and numerics."""
     impls: dict[str, Impl] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -46,13 +43,6 @@ class Op:
 
     def attr_dict(self, values: tuple) -> dict[str, Any]:
         return dict(zip(self.attrs, values))
-
-    def mode_of(self, specs: tuple[TensorSpec, ...]) -> str:
-        """training when a differentiable input asks for a gradient, else inference."""
-        for name, s in zip(self.tensors, specs):
-            if s.requires_grad and name in self.differentiable:
-                return "training"
-        return "inference"
 
 
 @dataclass(eq=False)
@@ -97,14 +87,20 @@ class Impl:
         return f"{self.op.name}_{self.name}"
 
     @property
-    def source_hash(self) -> str:
-        """Hash of the kernel's module, the helpers it uses and its op's reference: a changed kernel is retuned."""
-        return _source_hash(self.forward, self.op.reference)
+    def module(self) -> str:
+        """The module that holds the kernel: its source, with the helpers it imports, is what a table was tuned for."""
+        return self.forward.__module__
 
-    def configs(self, key: Key | None = None, mode: str = "training") -> list[dict[str, int]]:
-        """Every config of the space that the constraint admits at ``key``."""
+    @property
+    def source_hash(self) -> str:
+        """Hash of the kernel's module and the modules of its family it imports (its helpers, its op's reference):
+        a changed kernel is retuned, and a table entry tuned for other source is stale."""
+        return source_hash(self.module) or "unknown"
+
+    def configs(self, key: Key | None = None) -> list[dict[str, int]]:
+        """Every config of the space that the constraint admits at ``key`` (backward params fixed for inference)."""
         names = list(self.space)
-        fixed = set(self.backward_params) if mode == "inference" else set()
+        fixed = set(self.backward_params) if key is not None and key.mode == "inference" else set()
         choices = [(self.default[n],) if n in fixed else self.space[n] for n in names]
         out = []
         for values in itertools.product(*choices):
@@ -138,37 +134,6 @@ class Impl:
         k = len(self.op.differentiable)
         ret = "Tensor" if k == 1 else "(" + ", ".join(["Tensor"] * k) + ")"
         return f"({', '.join(args)}) -> {ret}"
-
-
-_hashes: dict[tuple[str, ...], str] = {}
-
-
-def source_modules(module: str) -> list[str]:
-    """``module`` and the modules of its package family it draws names from, transitively: a kernel's
-    shared helpers (a vectorised exp, a scatter strategy) are part of its source."""
-    family = module.rsplit(".", 2)[0]
-    seen: set[str] = set()
-    stack = [module]
-    while stack:
-        name = stack.pop()
-        if name in seen or name not in sys.modules:
-            continue
-        seen.add(name)
-        for value in vars(sys.modules[name]).values():
-            dep = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
-            if isinstance(dep, str) and dep.startswith(family + ".") and dep not in seen:
-                stack.append(dep)
-    return sorted(seen)
-
-
-def _source_hash(*fns: Callable) -> str:
-    key = tuple(f.__module__ for f in fns)
-    if key not in _hashes:
-        h = hashlib.sha256()
-        for name in sorted({m for f in fns for m in source_modules(f.__module__)}):
-            h.update(inspect.getsource(sys.modules[name]).encode())
-        _hashes[key] = h.hexdigest()[:16]
-    return _hashes[key]
 
 
 _OPS: dict[str, Op] = {}

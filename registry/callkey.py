@@ -1,0 +1,29 @@
+"""The key of a live call: the one place that reads tensors, for dispatch and the recorder alike."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .specs import Key, OpLike, TensorSpec
+
+
+def raw_of(tensors: Sequence[torch.Tensor]) -> tuple:
+    """What the key depends on, cheaply and hashably: dispatch caches its decision on this."""
+    return tuple([(t.shape, t.stride(), t.dtype, t.device, t.requires_grad) for t in tensors])
+
+
+def spec_of(raw: tuple, grad_enabled: bool) -> TensorSpec:
+    shape, strides, dtype, _, requires_grad = raw
+    return TensorSpec(tuple(shape), str(dtype).removeprefix("torch."), tuple(strides), requires_grad and grad_enabled)
+
+
+def key_of_call(op: OpLike, raw: tuple, attrs: dict[str, Any], grad_enabled: bool) -> Key:
+    """The key of one call: a gradient is needed only where grad mode is on and the tensor requires it."""
+    return Key.of(op, tuple(spec_of(r, grad_enabled) for r in raw), attrs)
+
+
+def devices_of(raw: tuple) -> set[str]:
+    return {r[3].type for r in raw}

@@ -1,0 +1,140 @@
+"""Which path a call takes: per-op variable > global variable > table > compiler path (DESIGN §4).
+
+``resolve`` is the whole rule, and it depends only on the call's key, the devices of its tensors and the
+switches in force (a ``switches.View``); dispatch caches what it returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .backend import backends
+from .op import Impl, Op
+from .specs import Key
+from .switches import View
+from .table import Entry, Table
+
+COMPILER = "compiler"
+KERNEL = "kernel"
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Which path a call takes and why; ``table`` and ``entry`` name what decided, where a table did."""
+
+    op: str
+    key: Key
+    path: str
+    impl: str | None
+    config: Mapping[str, int] = field(default_factory=dict)
+    reason: str = ""
+    table: str | None = None
+    entry: int | None = None
+
+    @property
+    def choice(self) -> tuple[str, tuple[int, ...]] | None:
+        if self.impl is None:
+            return None
+        return self.impl, tuple(self.config.values())
+
+    def __str__(self) -> str:
+        if self.impl is None:
+            return f"{self.key.label()}: compiler path ({self.reason})"
+        cfg = ", ".join(f"{k}={v}" for k, v in self.config.items())
+        return f"{self.key.label()}: kernel {self.op}.{self.impl} [{cfg}] ({self.reason})"
+
+
+def usable(impl: Impl, key: Key, devices: set[str]) -> str | None:
+    """None when ``impl`` can serve the call, else why not."""
+    backend = backends().get(impl.backend)
+    if backend is None or not backend.available():
+        why = backend.why_unavailable() if backend is not None else "unknown backend"
+        return f"backend {impl.backend} unavailable: {why}"
+    if devices != {backend.device}:
+        return f"inputs on {', '.join(sorted(devices))}, backend {impl.backend} runs on {backend.device}"
+    return impl.supports(key.inputs, key.attr_dict)
+
+
+def _config_for(impl: Impl, key: Key, table_config: Mapping[str, int] | None) -> dict[str, int] | None:
+    if table_config is not None:
+        return dict(table_config)
+    if impl.allows(impl.default, key):
+        return dict(impl.default)
+    allowed = impl.configs(key)
+    return allowed[0] if allowed else None
+
+
+def _find(view: View, key: Key) -> tuple[Table, int, Entry] | None:
+    """The first table's entry for ``key`` (stale ones included: the caller says why they are ignored)."""
+    for t in view.tables:
+        i = t.index(key)
+        if i is not None:
+            return t, i, t.entries[i]
+    return None
+
+
+def _miss(view: View, key: Key) -> str:
+    """Why no table has an entry for ``key``, naming the nearest entry and how it differs."""
+    if not view.tables:
+        return "no table loaded"
+    notes = []
+    for t in view.tables:
+        near = t.nearest(key)
+        if near is not None:
+            i, diff = near
+            notes.append(f"nearest in {t.path} is entries[{i}], which differs in {', '.join(diff)}")
+    where = ", ".join(str(t.path) for t in view.tables)
+    return f"no entry for this key in {where}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def resolve(op: Op, key: Key, devices: set[str], view: View) -> Explanation:
+    """Apply the switches (per-op > global), then the tables, then the compiler path."""
+    value, var = view.settings.switch(op.name)
+    found = _find(view, key)
+    table, index, entry = found if found is not None else (None, None, None)
+    stale = table.stale.get(index) if table is not None else None
+    where = {} if table is None else {"table": table.path, "entry": index}
+
+    def compiler(reason: str, **decided) -> Explanation:
+        return Explanation(op.name, key, COMPILER, None, {}, reason, **decided)
+
+    def kernel(impl: Impl, config: Mapping[str, int] | None, reason: str, **decided) -> Explanation:
+        why = usable(impl, key, devices)
+        if why is not None:
+            return compiler(f"{impl.qualname} declines: {why}", **decided)
+        cfg = _config_for(impl, key, config)
+        if cfg is None:
+            return compiler(f"{impl.qualname} has no config its constraint admits at this shape", **decided)
+        return Explanation(op.name, key, KERNEL, impl.name, cfg, reason, **decided)
+
+    if value == "off":
+        return compiler(f"{var}=off")
+    named = f"table {table.path} entries[{index}]" if table is not None else ""
+    if stale is not None:
+        entry, ignored = None, f"{named} is stale and ignored: {stale}"
+    else:
+        ignored = ""
+    if value == "auto":
+        if entry is None:
+            return compiler(ignored or _miss(view, key))
+        if entry.impl is None:
+            return compiler(f"{named} chose the compiler: {entry.reason}", **where)
+        return kernel(op.impls[entry.impl], entry.config, f"{named}: {entry.reason}", **where)
+    if value == "on":
+        if entry is not None and entry.impl is not None:
+            exp = kernel(op.impls[entry.impl], entry.config, f"{var}=on, impl and config from {named}", **where)
+            if exp.impl is not None:
+                return exp
+        declined = []
+        for impl in op.impls.values():
+            exp = kernel(impl, None, f"{var}=on, default config")
+            if exp.impl is not None:
+                return exp
+            declined.append(exp.reason)
+        return compiler(f"{var}=on but no impl serves this call: " + "; ".join(declined) if declined
+                        else f"{var}=on but {op.name} has no impl")
+    impl = op.impls[value]
+    if entry is not None and entry.impl == value:
+        return kernel(impl, entry.config, f"{var}={value}, config from {named}", **where)
+    return kernel(impl, None, f"{var}={value}, default config")

@@ -1,0 +1,97 @@
+"""Source hashes of kernels, computed from the files alone (no import, no torch).
+
+An impl's source is its module and every module of the same package family that it imports, transitively
+(a kernel's shared helpers, its op's reference): a change to any of them retunes the kernel. Reading imports
+from the syntax tree rather than from loaded modules lets ``nki-autotune show`` tell a stale table entry
+without importing torch, numba or the kernels themselves.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import sys
+from functools import cache
+from pathlib import Path
+
+
+@cache
+def module_file(name: str) -> Path | None:
+    """The file of module ``name``, found without running any package's code (None if not found)."""
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        f = getattr(loaded, "__file__", None)
+        return Path(f) if f and f.endswith(".py") else None
+    parts = name.split(".")
+    try:
+        spec, i = importlib.util.find_spec(parts[0]), 1
+        # find_spec of a dotted name imports its parent: descend only while the parent runs no code
+        while spec is not None and i < len(parts) and (spec.origin is None or ".".join(parts[:i]) in sys.modules):
+            spec, i = importlib.util.find_spec(".".join(parts[:i + 1])), i + 1
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if i == len(parts):
+        return Path(spec.origin) if spec.origin and spec.origin.endswith(".py") else None
+    for base in spec.submodule_search_locations or ():  # the rest of the name is folders on disk
+        path = Path(base, *parts[i:])
+        for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def family(module: str) -> str:
+    """The package family whose modules count as a kernel's source: ``a.b`` of ``a.b.c.d``."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 else parts[0]
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """Absolute names of the modules ``module``'s file imports (relative imports resolved)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                root = ".".join(base + ([node.module] if node.module else []))
+            else:
+                root = node.module or ""
+            out.add(root)
+            out.update(f"{root}.{a.name}" for a in node.names)  # `from . import helpers` names a module
+    return out
+
+
+def source_modules(module: str) -> list[str]:
+    """``module`` and the modules of its family it imports, transitively, sorted."""
+    fam = family(module)
+    seen: set[str] = set()
+    stack = [module]
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        path = module_file(name)
+        if path is None or path.name == "__init__.py" and name != module:
+            continue  # names that are not modules, and package inits (they only re-export)
+        seen.add(name)
+        stack.extend(m for m in _imports(name, path) if (m == fam or m.startswith(fam + ".")) and m not in seen)
+    return sorted(seen)
+
+
+def source_hash(module: str) -> str | None:
+    """Hash of ``module``'s source (see ``source_modules``); None when its file cannot be found."""
+    names = source_modules(module)
+    if not names:
+        return None
+    h = hashlib.sha256()
+    for name in names:
+        h.update(name.encode() + b"\0" + module_file(name).read_bytes())
+    return h.hexdigest()[:16]

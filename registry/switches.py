@@ -1,0 +1,168 @@
+"""The switches in force: the settings and the tables they name, per context, and the generation that
+compiled code guards on.
+
+A ``View`` is one (settings, loaded tables) pair with a generation number. The process has one (read at
+import, replaced by ``reload_settings``); ``scope()`` sets another for one context (thread or task) through
+a ContextVar, so eager dispatch and ``explain`` in other threads are unaffected. Compiled code cannot read a
+ContextVar: while tracing, dispatch reads ``guard.generation``, a plain attribute that Dynamo guards on, and
+``scope()`` sets it too while entered. So a region traced under a scope is not reused outside it, and
+entering the same switches again finds its graphs (the scope's view is reused); two threads running compiled
+regions under different scopes at the same moment share that one attribute.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from . import env as _s
+from .backend import backends
+from .op import Impl, ops
+from .table import Entry, Table, TableError, fingerprint_mismatch, load_table, stale_reason
+
+
+@dataclass(frozen=True)
+class View:
+    settings: _s.Settings
+    tables: tuple[Table, ...]
+    generation: int
+
+
+class _Guard:
+    generation = 0
+
+
+guard = _Guard()
+_process_settings: _s.Settings = _s.read_settings(os.environ)
+_process: View | None = None
+_scoped: ContextVar[View | None] = ContextVar("nki_autotune_switches", default=None)
+_by_generation: dict[int, View] = {}
+_by_ident: dict[tuple, View] = {}
+
+
+def settings() -> _s.Settings:
+    """The settings in force here: this context's ``scope()``, else those read at import or at the last
+    ``reload_settings()``."""
+    view = _scoped.get()
+    return view.settings if view is not None else _process_settings
+
+
+def current() -> View:
+    """The view in force here; the process's is built (its tables loaded) at first use."""
+    view = _scoped.get()
+    if view is not None:
+        return view
+    global _process
+    if _process is None:
+        _process = _view(_process_settings)
+        guard.generation = _process.generation
+    return _process
+
+
+def view(generation: int) -> View:
+    return _by_generation[generation]
+
+
+def _view(s: _s.Settings) -> View:
+    """A new view of ``s``: its tables loaded now, under a new generation."""
+    tables = tuple(t for t in (load_checked(p, s) for p in s.tables) if t is not None)
+    v = View(s, tables, max(_by_generation, default=0) + 1)
+    _by_generation[v.generation] = v
+    _by_ident[s.ident()] = v
+    return v
+
+
+def check_switches(s: _s.Settings | None = None) -> None:
+    """Per-op switches must name registered ops and impls."""
+    s = s or settings()
+    registered = ops()
+    for name, value in s.per_op.items():
+        var = _s.KERNEL_OP + name.upper()
+        if name not in registered:
+            known = ", ".join(_s.KERNEL_OP + n.upper() for n in sorted(registered))
+            raise _s.SettingsError(f"{var} names no registered op; known: {known}")
+        impls = registered[name].impls
+        if value not in _s.MODES and value not in impls:
+            allowed = ", ".join((*_s.MODES, *impls))
+            raise _s.SettingsError(f"{var}={value!r} is not allowed; use one of: {allowed}")
+
+
+def entry_impl(entry: Entry) -> Impl | None:
+    """The impl an entry was tuned for: its choice, or for a compiler entry the best kernel it measured."""
+    op = ops().get(entry.key.op)
+    name = entry.impl or entry.measured.get("impl")
+    return op.impls.get(name) if op is not None and isinstance(name, str) else None
+
+
+def load_checked(path: str, s: _s.Settings) -> Table | None:
+    """A table, if tuned on this machine; else None with a warning, or an error under strict mode.
+
+    Entries tuned for other kernel source are marked stale (``table.stale``): dispatch ignores them, with a
+    warning here, or an error under strict mode."""
+    table = load_table(path, ops())
+    backend = backends().get(table.fingerprint["backend"])
+    current_fp = backend.fingerprint() if backend is not None and backend.available() else None
+    why = fingerprint_mismatch(table, current_fp)
+    if why is not None:
+        _complain(s, f"ignoring dispatch table {path}, tuned on another machine: {why}")
+        return None
+    for i, e in enumerate(table.entries):
+        impl = entry_impl(e)
+        reason = stale_reason(e, impl.module) if impl is not None else None
+        if reason is not None:
+            table.stale[i] = reason
+    if table.stale:
+        listed = "; ".join(f"entries[{i}] {table.entries[i].key.label()}: {r}" for i, r in table.stale.items())
+        _complain(s, f"dispatch table {path}: ignoring {len(table.stale)} stale entr"
+                     f"{'y' if len(table.stale) == 1 else 'ies'} (the kernel's source changed since tuning; run "
+                     f"nki-autotune run again): {listed}")
+    return table
+
+
+def _complain(s: _s.Settings, msg: str) -> None:
+    if s.strict:
+        raise TableError(f"{msg} ({_s.STRICT}=1)")
+    warnings.warn(f"nki-autotune: {msg}; set {_s.STRICT}=1 to make this an error", stacklevel=4)
+
+
+def reload_settings(env: Mapping[str, str] | None = None) -> _s.Settings:
+    """Read the switches again (from ``env``, default ``os.environ``) and reload the tables they name.
+
+    Compiled regions see the change at their next call: they guard on the generation in force. A bad value
+    or table raises and changes nothing.
+    """
+    global _process, _process_settings
+    new = _s.read_settings(os.environ if env is None else env)
+    check_switches(new)
+    v = _view(new)
+    _process_settings, _process = new, v
+    guard.generation = current().generation
+    return new
+
+
+def tables() -> list[Table]:
+    """The tables in force here."""
+    return list(current().tables)
+
+
+@contextmanager
+def scope(**env: str) -> Iterator[_s.Settings]:
+    """Run a block under other switches, e.g. ``scope(NKI_AUTOTUNE_KERNELS="off")``; restored after.
+
+    ``env`` holds ``NKI_AUTOTUNE_*`` variables that replace all of the process's ones, in this context only.
+    Entering the same switches again reuses their tables and the graphs compiled under them.
+    """
+    new = _s.read_settings(env)
+    check_switches(new)
+    v = _by_ident.get(new.ident()) or _view(new)
+    token, saved = _scoped.set(v), guard.generation
+    guard.generation = v.generation
+    try:
+        yield new
+    finally:
+        _scoped.reset(token)
+        guard.generation = saved
