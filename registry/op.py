@@ -11,7 +11,8 @@ from .customop import build
 from .sources import source_hash
 from .specs import Key, TensorSpec
 
-_SCHEMA_TYPES = {float: "float", int: "int", bool: "bool"}
+_SCHEMA_TYPES = {float: "float", int: "int", bool: "bool", str: "str", int | None: "int?"}
+"""Attribute types an op may declare, and their spelling in a custom-op schema."""
 
 
 @dataclass(eq=False)
@@ -39,7 +40,7 @@ class Op:
     def __post_init__(self) -> None:
         for a, t in self.attrs.items():
             if t not in _SCHEMA_TYPES:
-                raise TypeError(f"op {self.name}: attr {a} has type {t}; use float, int or bool")
+                raise TypeError(f"op {self.name}: attr {a} has type {t}; use float, int, bool, str or int | None")
 
     def attr_dict(self, values: tuple) -> dict[str, Any]:
         return dict(zip(self.attrs, values))

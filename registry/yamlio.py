@@ -67,10 +67,11 @@ def load(path: str | os.PathLike, what: str) -> Any:
         raise FormatError(f"{path}: not valid YAML{where}: {problem}") from None
 
 
-def _names(types: type | tuple[type, ...]) -> str:
-    types = types if isinstance(types, tuple) else (types,)
+def _names(types: Any) -> str:
+    types = types if isinstance(types, tuple) else getattr(types, "__args__", (types,))
     return " or ".join({"str": "a string", "int": "an integer", "float": "a number", "list": "a list",
-                        "dict": "a mapping", "bool": "true/false"}.get(t.__name__, t.__name__) for t in types)
+                        "dict": "a mapping", "bool": "true/false", "NoneType": "null"}.get(t.__name__, t.__name__)
+                        for t in types)
 
 
 class Fields:
