@@ -1,12 +1,17 @@
-"""The ``nki-autotune`` command: run, show, diff, list, record, check.
+"""The ``nki-autotune`` command: run, show, diff, list, record, check, verify.
 
 Exit codes: 0 success, 1 the work failed, 2 bad usage or bad input.
+
+``show`` and ``diff`` read tables as plain data and never import torch or the kernels; the other commands
+import them when they start (``_heavy``), after their own checks of the environment.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.metadata
+import json
 import os
 import subprocess
 import sys
@@ -17,23 +22,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table as RichTable
 
-from ..registry import (
-    FormatError,
-    SettingsError,
-    backends,
-    default_backend,
-    get_backend,
-    load_profile,
-    load_table,
-    ops,
-    settings,
-    switch_variables,
-)
-from ..registry.env import KERNEL_OP, KERNELS, RECORD, RECORD_SAMPLES, STRICT, TABLE
+from ..registry import FormatError, SettingsError, load_profile, load_table, switch_variables
+from ..registry.env import KERNEL_OP, KERNELS, LOG, RECORD, RECORD_SAMPLES, STRICT, TABLE
+from ..registry.profile import merge
 from . import report
-from .check import check_all
-from .search import Search, default_storage, open_storage
-from .tuner import Listener, Options, Tuner
 
 
 class UsageError(Exception):
@@ -47,16 +39,27 @@ def _version() -> str:
         return "unknown"
 
 
-def _pack() -> None:
-    import nki_autotune.kernels  # noqa: F401  (registers every op)
+def _heavy(imports: list[str] | None = None):
+    """The registry's torch side with the kernel pack registered, then the user's modules (``--import``)."""
+    import nki_autotune.kernels  # noqa: F401  (registers every op of the pack)
+
+    from .. import registry
+
+    for name in imports or ():
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise UsageError(f"--import {name}: cannot import it: {e}") from None
+    registry.check_switches()
+    return registry
 
 
 # -- run --------------------------------------------------------------------------------------------------------
 
 
-class _Bar(Listener):
-    def __init__(self, progress: Progress, trials: int):
-        self.p, self.trials = progress, trials
+class _Bar:
+    def __init__(self, progress: Progress, trials: int, console: Console):
+        self.p, self.trials, self.console = progress, trials, console
         self.best: float | None = None
 
     def keys(self, n):
@@ -78,14 +81,23 @@ class _Bar(Listener):
     def key_done(self, key, entry):
         self.p.advance(self.sites)
 
+    def note(self, message):
+        self.console.print(f"[yellow]note[/]: {message}")
+
 
 def cmd_run(args, console: Console) -> int:
-    _pack()
-    registered = ops()
+    if os.environ.get(RECORD):
+        raise UsageError(f"{RECORD} is set ({os.environ[RECORD]}): it records this process and runs compiled "
+                         f"regions eagerly, so nothing would be measured compiled; unset it to tune")
+    registry = _heavy(args.imports)
+    from .search import Search, default_storage, open_storage
+    from .tuner import Options, Tuner
+
+    registered = registry.ops()
     if args.backend == "auto":
-        backend = default_backend()
+        backend = registry.default_backend()
     else:
-        backend = get_backend(args.backend)
+        backend = registry.get_backend(args.backend)
         why = backend.why_unavailable()
         if why is not None:
             raise UsageError(f"backend {args.backend} is not available here: {why}")
@@ -100,7 +112,8 @@ def cmd_run(args, console: Console) -> int:
         raise UsageError(f"--threshold must be at least 1.0, got {args.threshold}")
     options = Options(trials=args.trials, threshold=args.threshold, seed=args.seed, budget_s=args.budget,
                       mode=None if args.mode == "profile" else args.mode, ops=wanted,
-                      search_rounds=args.rounds, final_rounds=args.final_rounds)
+                      search_rounds=args.rounds, final_rounds=args.final_rounds, retries=args.retries,
+                      pause_s=args.pause)
     storage_url = args.storage or default_storage()
     search = Search(open_storage(storage_url), backend.fingerprint(), trials=args.trials, seed=args.seed)
     console.print(f"tuning {args.profile} on backend [bold]{backend.name}[/] ({backend.fingerprint()['device']}); "
@@ -108,7 +121,7 @@ def cmd_run(args, console: Console) -> int:
     t0 = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False, disable=args.quiet) as progress:
-        tuner = Tuner(backend, search, options, listener=_Bar(progress, args.trials))
+        tuner = Tuner(backend, search, options, listener=_Bar(progress, args.trials, console))
         table = tuner.tune(profile, args.output)
     table.save(args.output)
     elapsed = time.perf_counter() - t0
@@ -120,22 +133,25 @@ def cmd_run(args, console: Console) -> int:
     return 0
 
 
-# -- show / diff ------------------------------------------------------------------------------------------------
+# -- show / diff (plain data: no torch) --------------------------------------------------------------------------
 
 
 def cmd_show(args, console: Console) -> int:
-    _pack()
-    table = load_table(args.table, ops())
+    table = load_table(args.table)
     fp = ", ".join(f"{k}={v}" for k, v in table.fingerprint.items())
     console.print(f"[bold]{args.table}[/] created {table.created}\nfingerprint: {fp}")
     console.print(report.summary(table))
     console.print(report.reasons(table))
+    flagged = report.flags(table)
+    if flagged:
+        console.print(f"[red]{len(flagged)} entr{'y' if len(flagged) == 1 else 'ies'} flagged[/]: stale entries "
+                      "are ignored by dispatch (run `nki-autotune run` again); disturbed ones were measured while "
+                      "other work shared the machine")
     return 0
 
 
 def cmd_diff(args, console: Console) -> int:
-    _pack()
-    old, new = load_table(args.old, ops()), load_table(args.new, ops())
+    old, new = load_table(args.old), load_table(args.new)
     t, changed = report.diff(old, new)
     console.print(t)
     console.print(f"{changed} decision(s) changed")
@@ -146,11 +162,11 @@ def cmd_diff(args, console: Console) -> int:
 
 
 def cmd_list(args, console: Console) -> int:
-    _pack()
+    registry = _heavy(args.imports)
     t = RichTable(title="ops and impls")
     for col in ("op", "impl", "backend", "config space", "default"):
         t.add_column(col, overflow="fold")
-    for op in ops().values():
+    for op in registry.ops().values():
         if not op.impls:
             t.add_row(op.name, "-", "-", "-", "-")
         for impl in op.impls.values():
@@ -160,7 +176,7 @@ def cmd_list(args, console: Console) -> int:
     b = RichTable(title="backends")
     b.add_column("backend")
     b.add_column("status", overflow="fold")
-    for name, be in backends().items():
+    for name, be in registry.backends().items():
         why = be.why_unavailable()
         b.add_row(name, "[green]available[/]" if why is None else f"[yellow]unavailable[/]: {why}")
     console.print(b)
@@ -168,20 +184,21 @@ def cmd_list(args, console: Console) -> int:
     s.add_column("variable")
     s.add_column("value")
     s.add_column("meaning", overflow="fold")
-    cur = settings()
+    cur = registry.settings()
     s.add_row(KERNELS, cur.kernels, "all ops: auto (follow the table) | off | on")
-    for name in ops():
+    for name in registry.ops():
         var = KERNEL_OP + name.upper()
         s.add_row(var, cur.per_op.get(name, "(unset)"), f"{name}: auto | off | on | an impl name")
     s.add_row(TABLE, os.pathsep.join(cur.tables) or "(unset)", "dispatch tables, first match wins")
-    s.add_row(STRICT, "1" if cur.strict else "0", "a foreign table is an error, not a warning")
+    s.add_row(STRICT, "1" if cur.strict else "0", "a foreign table or a stale entry is an error, not a warning")
     s.add_row(RECORD, cur.record or "(unset)", "record a profile of this run, written at exit")
     s.add_row(RECORD_SAMPLES, "1" if cur.record_samples else "0", "also save real inputs of data-dependent ops")
+    s.add_row(LOG, "1" if cur.log else "0", "log each distinct dispatch decision once (logger nki_autotune.dispatch)")
     console.print(s)
-    extra = {k: v for k, v in switch_variables().items()
-             if k not in (KERNELS, TABLE, STRICT, RECORD, RECORD_SAMPLES) and not k.startswith(KERNEL_OP)}
-    for k, v in extra.items():
-        console.print(f"[yellow]note[/]: {k}={v} is not a variable nki-autotune reads")
+    known = (KERNELS, TABLE, STRICT, RECORD, RECORD_SAMPLES, LOG)
+    for k, v in switch_variables().items():
+        if k not in known and not k.startswith(KERNEL_OP):
+            console.print(f"[yellow]note[/]: {k}={v} is not a variable nki-autotune reads")
     return 0
 
 
@@ -192,25 +209,34 @@ def cmd_record(args, console: Console) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    if not command:
-        raise UsageError("record needs a command to run, e.g. nki-autotune record -o profile.yaml -- python train.py")
+    if not command and not args.merge:
+        raise UsageError("record needs a command to run, e.g. nki-autotune record -o profile.yaml -- python train.py; "
+                         "or profiles to merge: nki-autotune record -o merged.yaml --merge a.yaml b.yaml")
+    registry = _heavy(args.imports)
     out = Path(args.output).resolve()
-    if out.exists():
-        out.unlink()
-    env = {**os.environ, RECORD: str(out), RECORD_SAMPLES: "1" if args.samples else "0"}
-    console.print(f"recording {' '.join(command)} -> {args.output}")
-    rc = subprocess.run(command, env=env).returncode
-    if rc != 0:
-        console.print(f"[red]the command exited with code {rc}[/]")
-        return 1
-    if not out.exists():
-        console.print("[red]no profile was written: the command made no call of a pack op "
-                      "(does it import nki_autotune.kernels?)[/]")
-        return 1
-    _pack()
-    profile = load_profile(out, ops())
+    given = [load_profile(p, registry.ops()) for p in args.merge or ()]
+    if command:
+        for old in [out, *out.parent.glob(f"{out.stem}.rank*{out.suffix}")]:
+            old.unlink(missing_ok=True)
+        env = {**os.environ, RECORD: str(out), RECORD_SAMPLES: "1" if args.samples else "0"}
+        console.print(f"recording {' '.join(command)} -> {args.output}")
+        rc = subprocess.run(command, env=env).returncode
+        if rc != 0:
+            console.print(f"[red]the command exited with code {rc}[/]")
+            return 1
+        ranks = sorted(out.parent.glob(f"{out.stem}.rank*{out.suffix}"))
+        written = ([out] if out.exists() else []) + ranks
+        if not written:
+            console.print("[red]no profile was written: the command made no call of a pack op "
+                          "(does it import nki_autotune.kernels?)[/]")
+            return 1
+        given += [load_profile(p, registry.ops()) for p in written]
+        if ranks:
+            console.print(f"merging the profiles of {len(ranks)} ranks: {', '.join(p.name for p in ranks)}")
+    profile = given[0] if len(given) == 1 and not args.merge else merge(given, out)
+    profile.save(out)
     console.print(f"wrote {args.output}: {len(profile.sites)} call sites, "
-                  f"{len(profile.keys(ops()))} unique keys")
+                  f"{len(profile.keys(registry.ops()))} unique keys")
     return 0
 
 
@@ -218,12 +244,15 @@ def cmd_record(args, console: Console) -> int:
 
 
 def cmd_check(args, console: Console) -> int:
-    _pack()
+    registry = _heavy(args.imports)
+    from .check import check_all
+
     names = tuple(o.strip() for o in args.ops.split(",")) if args.ops else None
     if names:
-        unknown = [o for o in names if o not in ops()]
+        unknown = [o for o in names if o not in registry.ops()]
         if unknown:
-            raise UsageError(f"--ops names unknown op(s) {', '.join(unknown)}; known: {', '.join(sorted(ops()))}")
+            raise UsageError(f"--ops names unknown op(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(sorted(registry.ops()))}")
     rows = check_all(names, seed=args.seed)
     t = RichTable(title="numerics against the float64 reference")
     for col in ("impl", "run", "inputs", "mode", "error", "tolerance", "result"):
@@ -244,7 +273,70 @@ def cmd_check(args, console: Console) -> int:
     return 1 if failed else 0
 
 
+# -- verify -----------------------------------------------------------------------------------------------------
+
+
+def cmd_verify(args, console: Console) -> int:
+    if os.environ.get(RECORD):
+        raise UsageError(f"{RECORD} is set: compiled regions would run eagerly; unset it to verify")
+    _heavy(args.imports)
+    from .verify import StepError, Verifier, load_step
+
+    if args.prune and not args.output:
+        raise UsageError("--prune needs -o OUT, the table to write")
+    from ..registry.env import read_settings
+    from ..registry.switches import load_checked
+
+    table = load_checked(args.table, read_settings({STRICT: "1"}))  # a foreign or stale table cannot be verified
+    try:
+        make_step = load_step(args.step)
+    except StepError as e:
+        raise UsageError(str(e)) from None
+    v = Verifier(table, args.table, make_step, rounds=args.rounds, warmup=args.warmup, seed=args.seed,
+                 tolerance=args.tolerance, ablate=not args.no_ablate,
+                 say=lambda s: None if args.quiet else console.print(f"[dim]{s}[/]"))
+    r = v.run()
+    t = RichTable(title=f"full training step under {args.table}")
+    for col in ("variant", "ms/step (median)", "loss vs off", "gradients vs off"):
+        t.add_column(col)
+    for name, row in r.variants.items():
+        num = r.numerics.get(name, {})
+        fmt = "{:.1e}".format
+        t.add_row(name, f"{row['ms_per_step']:.2f}", fmt(num["loss_rel_diff"]) if "loss_rel_diff" in num else "-",
+                  fmt(num["grad_rel_diff"]) if "grad_rel_diff" in num else "-")
+    console.print(t)
+    for name, s in r.speedups.items():
+        console.print(f"  speedup of {name}: {s['speedup']:.3f}x (95% CI {s['ci95'][0]:.3f}-{s['ci95'][1]:.3f})")
+    if r.entries:
+        e = RichTable(title="each enabled entry switched off alone")
+        for col in ("#", "entry", "impl", "predicted ms/step", "realized ms/step", "95% CI", "pays"):
+            e.add_column(col, overflow="fold")
+        for row in r.entries:
+            lo, hi = row["realized_ci95"]
+            pred = "-" if row["predicted_ms"] is None else f"{row['predicted_ms']:+.3f}"
+            e.add_row(str(row["entry"]), row["key"], row["impl"], pred, f"{row['realized_ms']:+.3f}",
+                      f"{lo:+.3f} to {hi:+.3f}", "[green]yes[/]" if row["kept"] else "[red]no[/]")
+        console.print(e)
+    console.print(("[red]" if r.slower else "[green]") + r.verdict + "[/]")
+    if not r.numerics_ok:
+        console.print(f"[red]numerics: a variant's loss or gradients differ from every kernel off by more than "
+                      f"{args.tolerance:g}[/] (is STEP deterministic: same seeds, same data each call?)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(r.as_json(), indent=2))
+    if args.prune:
+        pruned = v.pruned(r)
+        pruned.save(args.output)
+        dropped = sum(1 for row in r.entries if not row["kept"])
+        console.print(f"wrote {args.output}: {dropped} entr{'y' if dropped == 1 else 'ies'} sent back to the compiler")
+    return 1 if r.slower or not r.numerics_ok else 0
+
+
 # -- entry point --------------------------------------------------------------------------------------------------
+
+
+def _imports(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (repeatable): it registers its own ops and impls")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -261,7 +353,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("-o", "--output", required=True, help="dispatch table to write (YAML)")
     r.add_argument("--backend", choices=("auto", "cpu", "neuron"), default="auto")
     r.add_argument("--mode", choices=("profile", "training", "inference", "both"), default="profile",
-                   help="profile: training where the profile's inputs require grad")
+                   help="profile: as recorded (training where the call needed a gradient)")
     r.add_argument("--trials", type=int, default=16, help="trials per (key, impl) study")
     r.add_argument("--budget", type=float, default=None, help="seconds; no new trial starts after it")
     r.add_argument("--storage", default=None, help="Optuna storage URL (sqlite, postgresql, mysql, journal:///path)")
@@ -270,7 +362,11 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--rounds", type=int, default=15, help="timed rounds per trial")
     r.add_argument("--final-rounds", type=int, default=40, help="timed rounds of the final comparison")
+    r.add_argument("--retries", type=int, default=2,
+                   help="times a key is measured again when the machine was disturbed while measuring it")
+    r.add_argument("--pause", type=float, default=5.0, help="seconds to wait before measuring again")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    _imports(r)
     r.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("show", help="print a dispatch table")
@@ -283,18 +379,38 @@ def parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_diff)
 
     ls = sub.add_parser("list", help="ops, impls, backends and switch variables")
+    _imports(ls)
     ls.set_defaults(fn=cmd_list)
 
     rec = sub.add_parser("record", help="record a profile of a command: record -o PROFILE -- COMMAND ...")
     rec.add_argument("-o", "--output", required=True)
     rec.add_argument("--samples", action="store_true", help="save real inputs of data-dependent ops beside it")
+    rec.add_argument("--merge", nargs="+", metavar="PROFILE", help="profiles to merge into the output")
+    _imports(rec)
     rec.add_argument("command", nargs=argparse.REMAINDER)
     rec.set_defaults(fn=cmd_record)
 
     c = sub.add_parser("check", help="numerics of every impl against the float64 reference")
     c.add_argument("--ops", default=None)
     c.add_argument("--seed", type=int, default=0)
+    _imports(c)
     c.set_defaults(fn=cmd_check)
+
+    v = sub.add_parser("verify", help="time the full training step under a table, every kernel off and on")
+    v.add_argument("table")
+    v.add_argument("step", help="path/to/file.py:function or package.module:function returning a step callable")
+    v.add_argument("--rounds", type=int, default=20, help="interleaved rounds of every variant")
+    v.add_argument("--warmup", type=int, default=3, help="untimed steps of each variant first")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--tolerance", type=float, default=1e-3,
+                   help="largest relative difference of loss and gradients against every kernel off")
+    v.add_argument("--no-ablate", action="store_true", help="skip switching each entry off alone")
+    v.add_argument("--prune", action="store_true", help="send entries that do not pay back to the compiler")
+    v.add_argument("-o", "--output", default=None, help="the pruned table to write (with --prune)")
+    v.add_argument("--json", default=None, help="write every number as JSON to this file")
+    v.add_argument("-q", "--quiet", action="store_true")
+    _imports(v)
+    v.set_defaults(fn=cmd_verify)
     return p
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..registry import Entry, Key
+from ..registry import Entry, Impl, Key
 
 
 @dataclass(frozen=True)
@@ -15,37 +15,51 @@ class Candidate:
     impl: str
     config: dict[str, int]
     measured: dict[str, Any]
-    """kernel_us, compiler_us, speedup, ci95, rounds, rel_err, tolerance, trials, compile_s, region."""
+    """kernel_us, compiler_us, speedup, ci95, rounds, region, calibration, rel_err, tolerance, trials, compile_s;
+    without ``speedup`` when no time could be measured (``not_measurable`` or ``error`` says why)."""
     numerics_ok: bool
 
 
-def decide(key: Key, candidates: list[Candidate], threshold: float, sites: list[str], sources: dict[str, str],
+def decide(key: Key, candidates: list[Candidate], threshold: float, sites: list[str], impls: dict[str, Impl],
            no_candidate_reason: str = "") -> Entry:
-    """Enable the fastest numerically-correct impl if its median speedup >= threshold and its 95% interval
-    lies above 1; otherwise the compiler, with the reason."""
+    """Enable the fastest numerically-correct impl if its median speedup >= threshold, its 95% interval lies
+    above 1, and the machine was quiet while it was measured; otherwise the compiler, with the reason."""
     if not candidates:
         return Entry(key, None, sites=sites, reason=no_candidate_reason or "no impl was measured")
+
+    def entry(c: Candidate, impl: str | None, measured: dict, reason: str) -> Entry:
+        tuned = impls[c.impl]
+        return Entry(key, impl, dict(c.config) if impl else {}, sites, tuned.source_hash, measured, reason,
+                     tuned.module)
+
     correct = [c for c in candidates if c.numerics_ok]
     if not correct:
-        worst = min(candidates, key=lambda c: c.measured.get("rel_err", float("inf")))
-        return Entry(key, None, sites=sites, measured=worst.measured,
-                     reason=f"no config of {', '.join(c.impl for c in candidates)} passed numerics "
-                            f"(best error {_err(worst.measured.get('rel_err'))} above "
-                            f"{worst.measured.get('tolerance') or 0:.0e})")
-    best = max(correct, key=lambda c: c.measured["speedup"])
+        worst = min(candidates, key=lambda c: c.measured.get("rel_err") or float("inf"))
+        return entry(worst, None, {**worst.measured, "impl": worst.impl},
+                     f"no config of {', '.join(c.impl for c in candidates)} passed numerics "
+                     f"(best error {_err(worst.measured.get('rel_err'))} above "
+                     f"{worst.measured.get('tolerance') or 0:.0e})")
+    timed = [c for c in correct if "speedup" in c.measured]
+    if not timed:
+        c = correct[0]
+        why = c.measured.get("not_measurable") or c.measured.get("error") or "no time was measured"
+        return entry(c, None, {**c.measured, "impl": c.impl, "config": dict(c.config)},
+                     f"not measurable at this size: {why}")
+    best = max(timed, key=lambda c: c.measured["speedup"])
     m = best.measured
     lo, hi = m["ci95"]
     ci = f"95% CI {lo:.2f}-{hi:.2f}"
     err = f"error {_err(m['rel_err'])} within {m['tolerance']:.0e}"
-    if m["speedup"] >= threshold and lo > 1.0:
-        return Entry(key, best.impl, dict(best.config), sites, sources.get(best.impl), m,
-                     f"faster {m['speedup']:.2f}x ({ci}), {err}")
-    if m["speedup"] < threshold:
+    disturbed = (m.get("calibration") or {}).get("disturbed")
+    if disturbed is None and m["speedup"] >= threshold and lo > 1.0:
+        return entry(best, best.impl, m, f"faster {m['speedup']:.2f}x ({ci}), {err}")
+    if disturbed is not None:
+        why = f"best kernel {best.impl} {m['speedup']:.2f}x ({ci}) was measured on a disturbed machine ({disturbed})"
+    elif m["speedup"] < threshold:
         why = f"best kernel {best.impl} {m['speedup']:.2f}x ({ci}) is below the threshold {threshold:.2f}x"
     else:
         why = f"best kernel {best.impl} {m['speedup']:.2f}x but its {ci} reaches 1"
-    return Entry(key, None, sites=sites, source=sources.get(best.impl),
-                 measured={**m, "impl": best.impl, "config": dict(best.config)}, reason=why)
+    return entry(best, None, {**m, "impl": best.impl, "config": dict(best.config)}, why)
 
 
 def _err(x: Any) -> str:

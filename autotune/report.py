@@ -1,4 +1,4 @@
-"""Tables for people: the run summary, ``show``, ``diff`` and ``list``."""
+"""Tables for people: the run summary, ``show`` and ``diff``. Plain data in, no torch."""
 
 from __future__ import annotations
 
@@ -7,11 +7,35 @@ from typing import Any
 from rich.table import Table as RichTable
 
 from ..registry import Entry, Key, Table
+from ..registry.table import stale_reason
 
 
 def _shapes(key: Key) -> str:
-    return " ".join(("x".join(map(str, s.shape)) or "()") + ("ᵀ" if s.strides is not None else "")
-                    for s in key.inputs) + f" {key.inputs[0].dtype}"
+    """Shapes, with ``*`` on an input that is not contiguous and ``'`` on one whose gradient is not asked for
+    in a training key (a frozen weight)."""
+    def one(s) -> str:
+        mark = ("*" if s.strides is not None else "") + ("'" if key.mode == "training" and s.is_float
+                                                            and not s.requires_grad else "")
+        return ("x".join(map(str, s.shape)) or "()") + mark
+
+    return " ".join(one(s) for s in key.inputs) + f" {key.inputs[0].dtype}"
+
+
+def flags(table: Table) -> dict[int, str]:
+    """Entries a reader should not trust as they stand: stale (the kernel's source changed since tuning, read
+    from the source files without importing them) or measured on a disturbed machine."""
+    out = {}
+    for i, e in enumerate(table.entries):
+        notes = []
+        stale = stale_reason(e, e.module)
+        if stale:
+            notes.append(f"stale: {stale}")
+        disturbed = (e.measured.get("calibration") or {}).get("disturbed")
+        if disturbed:
+            notes.append(f"disturbed: {disturbed}")
+        if notes:
+            out[i] = "; ".join(notes)
+    return out
 
 
 def _choice(e: Entry) -> str:
@@ -27,26 +51,32 @@ def _num(m: dict[str, Any], k: str, fmt: str = "{:.1f}") -> str:
 
 
 def summary(table: Table, title: str = "") -> RichTable:
+    marks = flags(table)
     t = RichTable(title=title or None, show_lines=False)
-    for col in ("op", "sites", "mode", "shapes", "kernel us", "compiler us", "speedup", "95% CI", "error", "decision"):
+    for col in ("#", "op", "sites", "mode", "shapes", "kernel us", "compiler us", "speedup", "95% CI", "error",
+                "decision"):
         t.add_column(col, overflow="fold")
-    for e in table.entries:
+    for i, e in enumerate(table.entries):
         m = e.measured
         ci = m.get("ci95")
         sites = (e.sites[0] if e.sites else "-") + (f" +{len(e.sites) - 1}" if len(e.sites) > 1 else "")
-        t.add_row(e.key.op, sites, e.key.mode, _shapes(e.key), _num(m, "kernel_us"), _num(m, "compiler_us"),
+        note = ""
+        if i in marks:
+            note = " [red]" + " ".join(n.split(":")[0].upper() for n in marks[i].split("; ")) + "[/]"
+        t.add_row(str(i), e.key.op, sites, e.key.mode, _shapes(e.key), _num(m, "kernel_us"), _num(m, "compiler_us"),
                   _num(m, "speedup", "{:.2f}x"), f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-",
-                  _num(m, "rel_err", "{:.1e}") if isinstance(m.get("rel_err"), float) else "-", _choice(e))
+                  _num(m, "rel_err", "{:.1e}") if isinstance(m.get("rel_err"), float) else "-", _choice(e) + note)
     return t
 
 
 def reasons(table: Table) -> RichTable:
+    marks = flags(table)
     t = RichTable(show_header=True)
     t.add_column("#", justify="right")
     t.add_column("entry")
     t.add_column("reason", overflow="fold")
     for i, e in enumerate(table.entries):
-        t.add_row(str(i), e.key.label(), e.reason)
+        t.add_row(str(i), e.key.label(), e.reason + (f" [red]({marks[i]})[/]" if i in marks else ""))
     return t
 
 

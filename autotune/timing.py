@@ -1,16 +1,22 @@
 """Timing kernels and the compiler the same way (DESIGN §6.4).
 
-Each candidate is a compiled region (``fullgraph=True, dynamic=False``) that makes
-``calls`` independent calls of the op on distinct inputs; in training mode the
-step also runs the backward. The cost of an empty region of the same mode is
-measured too and subtracted, so that the fixed region cost — which a call inside
-a model's one big graph never pays — does not dilute the comparison. A kernel's
-custom-op call cost stays in its time: the model pays it too.
+Each candidate is a compiled region (``fullgraph=True, dynamic=False``) that makes ``calls`` independent calls
+of the op on distinct inputs, built in the key's layouts; in training mode the step also runs the backward
+of exactly the inputs whose gradient the key asks for. An empty region with the same number of inputs and
+outputs (each a one-element tensor, with the same gradients asked for) is timed every round and subtracted:
+a compiled region pays a fixed cost per call and per tensor it takes or returns, which a call inside a
+model's one big graph never pays. ``calls`` is chosen per key so that this cost is under a fifth of the
+compiler region's time where the work allows. A kernel's custom-op call cost stays in its time: the model
+pays it too.
+
+Rounds are interleaved in an order shuffled afresh each round (seeded), independently of which input set the
+round uses, so no candidate is always the one that reads data another has just brought into cache.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import time
 import types
 from collections.abc import Callable, Sequence
@@ -21,9 +27,11 @@ import torch
 
 from ..registry import Backend, Impl, Key, Op
 from .inputs import make_inputs
-from .stats import median
+from .stats import median, ratio_of_medians
 
 _counter = iter(range(1 << 62))
+EMPTY_SHARE = 0.2
+"""The empty region's time should stay under this share of the compiler region's."""
 
 
 def fresh(fn: Callable) -> Callable:
@@ -40,6 +48,8 @@ class Runner:
     step: Callable[[int], None]
     compile_s: float = 0.0
     config: dict[str, int] | None = None
+    calls: int = 1
+    """Calls of the op in one step of the region."""
 
 
 @dataclass
@@ -55,13 +65,11 @@ class Workload:
     options: dict[str, Any] = field(default_factory=dict)
     """Keyword options of the op's input generator (e.g. an index distribution, for benchmarks)."""
     calls: int = 1
-    empty_s: float = 0.0
     _inputs: list[tuple] = field(default_factory=list)
-    _grads: list[tuple] = field(default_factory=list)
 
     @property
     def training(self) -> bool:
-        return self.key.mode == "training"
+        return bool(self.key.grads)
 
     @property
     def attrs(self) -> tuple:
@@ -72,7 +80,7 @@ class Workload:
         inputs whose gradient the key asks for are leaves."""
         self.calls = calls
         gen = torch.Generator().manual_seed(self.seed)
-        self._inputs, self._grads = [], []
+        self._inputs = []
         for _ in range(self.sets):
             flat = []
             for _ in range(calls):
@@ -82,11 +90,8 @@ class Workload:
     def bytes_per_call(self) -> int:
         return sum(s.numel * torch.empty((), dtype=getattr(torch, s.dtype)).element_size() for s in self.key.inputs)
 
-    def _leaves(self, flat: tuple) -> list[torch.Tensor]:
-        return [t for t in flat if t.requires_grad]
-
-    def runner(self, name: str, body: Callable[..., Sequence[torch.Tensor]]) -> Runner:
-        """Compile ``body(*tensors)`` (one call's outputs) into a region over ``calls`` calls."""
+    def _region(self, name: str, body: Callable[..., Sequence[torch.Tensor]], inputs: list[tuple]) -> Runner:
+        """Compile ``body(*tensors)`` (one call's outputs) into a region over ``calls`` calls of ``inputs``."""
         nt, calls = len(self.op.tensors), self.calls
 
         def region(*flat):
@@ -96,23 +101,23 @@ class Workload:
             return tuple(outs)
 
         compiled = self.backend.compile(fresh(region))
-        grads: dict[int, tuple] = {}
+        seeds: dict[int, tuple] = {}
 
         def step(i: int) -> None:
-            flat = self._inputs[i % len(self._inputs)]
+            flat = inputs[i % len(inputs)]
             outs = compiled(*flat)
             if self.training:
-                leaves = self._leaves(flat)
-                if i % len(self._inputs) not in grads:
+                leaves = [t for t in flat if t.requires_grad]
+                if i % len(inputs) not in seeds:
                     g = torch.Generator().manual_seed(self.seed + 7)
-                    grads[i % len(self._inputs)] = tuple(
+                    seeds[i % len(inputs)] = tuple(
                         torch.randn(o.shape, generator=g, dtype=o.dtype).to(o.device) for o in outs)
-                torch.autograd.grad(outs, leaves, grads[i % len(self._inputs)])
+                torch.autograd.grad(outs, leaves, seeds[i % len(inputs)])
 
         t0 = time.perf_counter()
         step(0)
         self.backend.synchronize()
-        return Runner(name, step, time.perf_counter() - t0)
+        return Runner(name, step, time.perf_counter() - t0, calls=calls)
 
     def compiler(self) -> Runner:
         op, attrs = self.op, self.attrs
@@ -121,7 +126,7 @@ class Workload:
             out = op.reference(*ts, *attrs)
             return out if isinstance(out, tuple) else (out,)
 
-        return self.runner("compiler", body)
+        return self._region("compiler", body, self._inputs)
 
     def kernel(self, impl: Impl, config: dict[str, int]) -> Runner:
         fwd, attrs, cfg = impl.fwd_op, self.attrs, impl.config_values(config)
@@ -131,24 +136,30 @@ class Workload:
             out = fwd(*ts, *attrs, *cfg)
             return (out,) if n_res == 1 else tuple(out[:n_out])
 
-        runner = self.runner(impl.name, body)
+        runner = self._region(impl.name, body, self._inputs)
         runner.config = dict(config)
         return runner
 
     def empty(self) -> Runner:
-        """The same kind of region with next to no work: its time is the fixed region cost."""
-        tiny = torch.randn(8, 8, device=self.backend.device, requires_grad=self.training)
-        compiled = self.backend.compile(fresh(lambda t: (t.clone() + 1,)))
-        seed = torch.ones(8, 8, device=self.backend.device)
+        """A region of the same arity with next to no work: its time is the fixed cost of the region.
 
-        def step(i: int) -> None:
-            (out,) = compiled(tiny)
-            if self.training:
-                torch.autograd.grad((out,), (tiny,), (seed,))
+        Each input is a one-element tensor (float where the key's is, needing a gradient where the key's does);
+        each output is a one-element sum of the call's floating-point inputs."""
+        device, n_out = self.backend.device, self.op.outputs
 
-        t0 = time.perf_counter()
-        step(0)
-        return Runner("empty", step, time.perf_counter() - t0)
+        def tiny(spec):
+            if not spec.is_float:
+                return torch.zeros(1, dtype=torch.int64, device=device)
+            return torch.ones(1, device=device, requires_grad=spec.requires_grad)
+
+        inputs = [tuple(tiny(s) for _ in range(self.calls) for s in self.key.inputs)]
+
+        def body(*ts):
+            floats = [t for t in ts if t.is_floating_point()]
+            acc = sum(floats[1:], floats[0]) if floats else ts[0].float()
+            return tuple(acc * (j + 1) for j in range(n_out))
+
+        return self._region("empty", body, inputs)
 
 
 @dataclass
@@ -167,16 +178,18 @@ class Clock:
 
 
 def interleave(runners: Sequence[Runner], rounds: int, clock: Clock, warmup: int = 2,
-               limit_s: float | None = None) -> dict[str, list[float]]:
-    """Time every runner once per round, rotating who goes first; warm-up rounds are dropped.
+               limit_s: float | None = None, seed: int = 0) -> dict[str, list[float]]:
+    """Time every runner once per round, in an order shuffled each round; warm-up rounds are dropped.
 
-    Raises TimeoutError if one step of a runner takes longer than ``limit_s``.
+    Round ``r`` uses input set ``r`` (modulo the sets) for every runner. Raises TimeoutError if one step of a
+    runner takes longer than ``limit_s``.
     """
     out: dict[str, list[float]] = {r.name: [] for r in runners}
-    n = len(runners)
+    rng = random.Random(seed)
+    order = list(runners)
     for rnd in range(warmup + rounds):
-        for j in range(n):
-            r = runners[(rnd + j) % n]
+        rng.shuffle(order)
+        for r in order:
             t = clock.time(r, rnd)
             if limit_s is not None and t > limit_s:
                 raise TimeoutError(f"{r.name} took {t:.1f} s for one step (limit {limit_s:.0f} s)")
@@ -186,23 +199,54 @@ def interleave(runners: Sequence[Runner], rounds: int, clock: Clock, warmup: int
 
 
 def per_call(times: Sequence[float], empty: Sequence[float], calls: int) -> list[float]:
-    """Seconds per call, round by round, once that round's empty-region time is taken off (floor 1 ns)."""
-    return [max((t - e) / calls, 1e-9) for t, e in zip(times, empty)]
-
-
-def choose_calls(workload: Workload, clock: Clock, compiler: Runner, empty: Runner,
-                 max_calls: int = 16, max_bytes: int = 256 << 20) -> tuple[int, float]:
-    """Calls per region so the op's work is several times the region cost; and that cost."""
-    t = interleave([compiler, empty], rounds=7, clock=clock, warmup=2)
-    empty_s, work_s = median(t["empty"]), median(t["compiler"]) - median(t["empty"])
-    want = math.ceil(4 * empty_s / max(work_s, 0.5e-6))
-    by_memory = max(1, max_bytes // max(1, workload.bytes_per_call() * workload.sets))
-    return max(1, min(want, max_calls, by_memory)), empty_s
+    """Seconds per call, round by round, once that round's empty-region time is taken off."""
+    return [(t - e) / calls for t, e in zip(times, empty)]
 
 
 def as_us(seconds: float) -> float:
     return round(seconds * 1e6, 2)
 
 
-__all__ = ["Clock", "Runner", "Workload", "as_us", "choose_calls", "fresh", "interleave", "per_call"]
+def comparison(times: dict[str, list[float]], kernel: str, calls: int, seed: int = 0) -> dict[str, Any]:
+    """Kernel against compiler from one interleaved measurement: per-call medians, their ratio and its interval.
 
+    ``speedup`` is ``compiler_us / kernel_us`` exactly. A candidate whose region is not slower than the empty
+    one did no measurable work at this size: ``measurable`` is then false and no speedup is given."""
+    empty = times["empty"]
+    c, k = per_call(times["compiler"], empty, calls), per_call(times[kernel], empty, calls)
+    out: dict[str, Any] = {
+        "kernel_us": as_us(median(k)), "compiler_us": as_us(median(c)), "rounds": len(c),
+        "region": {"calls": calls, "empty_us": as_us(median(empty)),
+                   "empty_share": round(median(empty) / max(median(times["compiler"]), 1e-12), 3)},
+    }
+    if median(k) <= 0 or median(c) <= 0:
+        slow = "kernel" if median(k) <= 0 else "compiler"
+        out["not_measurable"] = (f"the {slow} region is no slower than the empty one at this size "
+                                 f"({calls} call{'s' if calls > 1 else ''} per region)")
+        return out
+    speedup, (lo, hi) = ratio_of_medians(c, k, seed=seed)
+    out.update(speedup=round(speedup, 4), ci95=[round(lo, 3), round(hi, 3)])
+    return out
+
+
+def choose_calls(workload: Workload, clock: Clock, max_calls: int = 64, max_bytes: int = 256 << 20,
+                 rounds: int = 7) -> tuple[int, Runner, Runner]:
+    """Calls per region so that the empty region costs under ``EMPTY_SHARE`` of the compiler region, where
+    the work allows; returns the calls and the compiler and empty regions built for them.
+
+    Both regions grow with the calls (the empty one keeps the same arity), so the share falls only while the
+    op's work outweighs its per-call region cost: growth stops once the share stops falling."""
+    by_memory = max(1, max_bytes // max(1, workload.bytes_per_call() * workload.sets))
+    calls, share = 1, math.inf
+    while True:
+        workload.prepare(calls)
+        compiler, empty = workload.compiler(), workload.empty()
+        t = interleave([compiler, empty], rounds=rounds, clock=clock, warmup=2)
+        new = median(t["empty"]) / max(median(t["compiler"]), 1e-12)
+        if new < EMPTY_SHARE or new > 0.9 * share or calls >= min(max_calls, by_memory):
+            return calls, compiler, empty
+        share = new
+        calls = min(max_calls, by_memory, calls * 4)
+
+
+__all__ = ["Clock", "Runner", "Workload", "as_us", "choose_calls", "comparison", "fresh", "interleave", "per_call"]

@@ -11,11 +11,11 @@ from typing import Any
 import torch
 
 from ..registry import Backend, Entry, Impl, Key, Profile, Site, Table, get_op, ops
+from .calibration import Calibration
 from .decision import Candidate, decide
 from .numerics import check_impl
 from .search import Search, TrialResult
-from .stats import median, paired_speedup
-from .timing import Clock, Runner, Workload, as_us, choose_calls, interleave, per_call
+from .timing import Clock, Runner, Workload, choose_calls, comparison, interleave
 
 
 @dataclass
@@ -30,6 +30,10 @@ class Options:
     timeout_s: float = 60.0
     mode: str | None = None
     ops: tuple[str, ...] | None = None
+    retries: int = 2
+    """Times a key's final comparison is measured again when the machine was disturbed during it."""
+    pause_s: float = 5.0
+    """Wait before measuring again on a disturbed machine."""
 
 
 class Listener:
@@ -39,6 +43,7 @@ class Listener:
     def key_started(self, key: Key, sites: list[Site]) -> None: ...
     def trial_done(self, key: Key, impl: Impl, result: TrialResult, best: float | None) -> None: ...
     def key_done(self, key: Key, entry: Entry) -> None: ...
+    def note(self, message: str) -> None: ...
 
 
 def _sig(x: float, digits: int = 4) -> float:
@@ -57,11 +62,13 @@ class _Bench:
 
 class Tuner:
     def __init__(self, backend: Backend, search: Search, options: Options | None = None,
-                 clock: Clock | None = None, listener: Listener | None = None):
+                 clock: Clock | None = None, listener: Listener | None = None,
+                 calibration: Calibration | None = None):
         self.backend, self.search = backend, search
         self.options = options or Options()
         self.clock = clock or Clock(backend.synchronize)
         self.listener = listener or Listener()
+        self.calibration = calibration or Calibration(backend, self.clock)
         self.measured_anything = False
         self._deadline = None if self.options.budget_s is None else time.monotonic() + self.options.budget_s
 
@@ -90,12 +97,11 @@ class Tuner:
         op = get_op(key.op)
         labels = [s.label() for s in sites]
         samples = self._samples(sites, profile)
-        specs, attrs = key.inputs, key.attr_dict
         usable, declined = [], []
         for impl in op.impls.values():
             if impl.backend != self.backend.name:
                 continue
-            why = impl.supports(specs, attrs)
+            why = impl.supports(key.inputs, key.attr_dict)
             if why is None and not impl.configs(key):
                 why = "its constraint admits no config at this shape"
             (declined.append(f"{impl.qualname} declines: {why}") if why else usable.append(impl))
@@ -111,7 +117,6 @@ class Tuner:
             return bench[0]
 
         candidates = []
-        sources = {impl.name: impl.source_hash for impl in usable}
         for impl in usable:
             results = self.search.run(
                 key, impl,
@@ -123,7 +128,10 @@ class Tuner:
             if cand is not None:
                 candidates.append(cand)
         reason = "budget exhausted before any trial ran" if self.over_budget() else ""
-        return decide(key, candidates, self.options.threshold, labels, sources, reason)
+        entry = decide(key, candidates, self.options.threshold, labels, {i.name: i for i in usable}, reason)
+        if entry.measured:
+            entry.measured["calls_per_step"] = sum(s.calls for s in sites)
+        return entry
 
     def _samples(self, sites: list[Site], profile: Profile | None) -> dict | None:
         for s in sites:
@@ -133,16 +141,23 @@ class Tuner:
         return None
 
     def _bench(self, key: Key, samples: dict | None) -> _Bench:
+        if not self.measured_anything:
+            self.calibration.read()  # the first, quietest-so-far reading sets the bar
         self.measured_anything = True
+        self._wait_until_quiet()
         op = get_op(key.op)
         w = Workload(op, key, self.backend, sets=self.options.sets, seed=self.options.seed, samples=samples)
-        w.prepare(1)
-        compiler, empty = w.compiler(), w.empty()
-        calls, _ = choose_calls(w, self.clock, compiler, empty)
-        if calls > 1:
-            w.prepare(calls)
-            compiler = w.compiler()
+        calls, compiler, empty = choose_calls(w, self.clock)
         return _Bench(w, compiler, empty)
+
+    def _wait_until_quiet(self) -> None:
+        """Between keys: a disturbed calibration reading waits (a few times) for the machine to settle."""
+        for _ in range(self.options.retries):
+            why = self.calibration.disturbed(self.calibration.read())
+            if why is None:
+                return
+            self.listener.note(f"machine disturbed ({why}); waiting {self.options.pause_s:.0f} s")
+            time.sleep(self.options.pause_s)
 
     def _kernel(self, b: _Bench, impl: Impl, config: dict[str, int]) -> Runner:
         k = f"{impl.name}{sorted(config.items())}"
@@ -151,15 +166,27 @@ class Tuner:
         return b.kernels[k]
 
     def _measure(self, b: _Bench, runner: Runner, rounds: int) -> dict[str, Any]:
-        t = interleave([b.compiler, runner, b.empty], rounds, self.clock, limit_s=self.options.timeout_s)
-        calls = b.workload.calls
-        c, k = per_call(t["compiler"], t["empty"], calls), per_call(t[runner.name], t["empty"], calls)
-        speedup, (lo, hi) = paired_speedup(c, k, seed=self.options.seed)
-        return {
-            "kernel_us": as_us(median(k)), "compiler_us": as_us(median(c)), "speedup": round(speedup, 3),
-            "ci95": [round(lo, 3), round(hi, 3)], "rounds": rounds,
-            "region": {"calls": calls, "empty_us": as_us(median(t["empty"]))},
-        }
+        t = interleave([b.compiler, runner, b.empty], rounds, self.clock, limit_s=self.options.timeout_s,
+                       seed=self.options.seed + rounds)
+        return comparison(t, runner.name, b.workload.calls, seed=self.options.seed)
+
+    def _final(self, b: _Bench, runner: Runner) -> dict[str, Any]:
+        """The final comparison, measured again after a pause while the machine is disturbed during it; the
+        entry keeps the conditions of the measurement it reports."""
+        cal = self.calibration
+        for attempt in range(self.options.retries + 1):
+            cal.meter.start()
+            m = self._measure(b, runner, self.options.final_rounds)
+            others = cal.meter.stop()
+            reading = cal.read()
+            why = cal.disturbed(reading, others)
+            m["calibration"] = cal.record(reading, others, why)
+            if why is None or attempt == self.options.retries:
+                return m
+            self.listener.note(f"{b.workload.key.label()}: machine disturbed ({why}); measuring again in "
+                               f"{self.options.pause_s:.0f} s")
+            time.sleep(self.options.pause_s)
+        return m
 
     def _evaluate(self, get_bench: Callable[[], _Bench], impl: Impl, config: dict[str, int],
                   samples: dict | None) -> TrialResult:
@@ -178,6 +205,9 @@ class Tuner:
             info["compile_s"] = round(runner.compile_s, 3)
             m = self._measure(b, runner, self.options.search_rounds)
             info.update(kernel_us=m["kernel_us"], compiler_us=m["compiler_us"])
+            if "not_measurable" in m:
+                info["error"] = f"not measurable: {m['not_measurable']}"
+                return TrialResult(config, None, info)
             return TrialResult(config, m["speedup"], info)
         except Exception as e:  # a failing config is data, never a crash
             info["error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -190,16 +220,18 @@ class Tuner:
         ok = [r for r in results if not r.failed]
         if not ok:
             errs = [r.info.get("rel_err") for r in results if isinstance(r.info.get("rel_err"), float)]
-            first = results[0]
+            tol = results[0].info.get("tolerance")
+            passed = [r for r in results if isinstance(r.info.get("rel_err"), float) and r.info["rel_err"] <= tol]
+            first = (passed or results)[0]  # numerics passed but no time: why (e.g. not measurable)
             return Candidate(impl.name, first.config, {
-                "rel_err": min(errs) if errs else None, "tolerance": first.info.get("tolerance"),
-                "trials": len(results), "error": first.info.get("error", "")}, numerics_ok=False)
+                "rel_err": min(errs) if errs else None, "tolerance": tol,
+                "trials": len(results), "error": first.info.get("error", "")}, numerics_ok=bool(passed))
         best = max(ok, key=lambda r: r.speedup)
         final = self.search.final(key, impl)
         if not (final and final.get("config") == best.config and final.get("trials") == len(results)):
             b = get_bench()
             runner = self._kernel(b, impl, best.config)
-            m = self._measure(b, runner, self.options.final_rounds)
+            m = self._final(b, runner)
             final = {
                 **m, "rel_err": best.info.get("rel_err"), "tolerance": best.info.get("tolerance"),
                 "trials": len(results), "failed": len(results) - len(ok),

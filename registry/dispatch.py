@@ -41,11 +41,10 @@ def _enable_log() -> None:
     """``NKI_AUTOTUNE_LOG=1``: decisions go to stderr even where the application configured no logging."""
     if log.level != logging.INFO:
         log.setLevel(logging.INFO)
-    if not log.handlers:
+    if not log.handlers and not logging.getLogger().handlers:  # else the application's handlers show it
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("nki-autotune: %(message)s"))
         log.addHandler(handler)
-        log.propagate = False
 
 
 @torch.compiler.assume_constant_result

@@ -91,6 +91,24 @@ class Profile:
         return out
 
 
+def merge(profiles: list[Profile], into: str | os.PathLike) -> Profile:
+    """One profile, to be saved at ``into``, of several (e.g. the ranks of one ``torchrun``): a site recorded
+    alike in several keeps one entry with the most calls per step any of them saw (ranks run the same steps:
+    calls are not summed). Sample files stay where they are, referred to from ``into``'s folder."""
+    base = Path(into).resolve().parent
+    out: dict[tuple, Site] = {}
+    for p in profiles:
+        for s in p.sites:
+            k = (s.op, s.site, s.inputs, tuple(sorted(s.attrs.items())))
+            if k not in out:
+                path = p.samples_path(s)
+                samples = os.path.relpath(path.resolve(), base) if path is not None else None
+                out[k] = Site(s.op, s.inputs, dict(s.attrs), s.site, s.calls, samples)
+            else:
+                out[k].calls = max(out[k].calls, s.calls)
+    return Profile(list(out.values()))
+
+
 def _fail(e: FormatError) -> ProfileError:
     return ProfileError(str(e))
 
@@ -157,4 +175,4 @@ def load_profile(path: str | os.PathLike, ops: Mapping[str, Op]) -> Profile:
     return parse_profile(data, str(path), ops)
 
 
-__all__ = ["Profile", "ProfileError", "Site", "load_profile", "parse_profile"]
+__all__ = ["Profile", "ProfileError", "Site", "load_profile", "merge", "parse_profile"]

@@ -112,3 +112,89 @@ def test_bad_input_exits_2_with_a_message(tmp_path, args, message):
 def test_bad_switch_value_exits_2():
     r = cli("list", env={"NKI_AUTOTUNE_KERNELS": "sometimes"})
     assert r.returncode == 2 and "NKI_AUTOTUNE_KERNELS='sometimes'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_run_refuses_while_recording(tmp_path):
+    (tmp_path / "good.yaml").write_text(yaml.safe_dump({"version": 1, "sites": [GOOD]}))
+    r = cli("run", "good.yaml", "-o", "t.yaml", cwd=tmp_path, env={"NKI_AUTOTUNE_RECORD": "x.yaml"})
+    assert r.returncode == 2 and "NKI_AUTOTUNE_RECORD is set" in r.stderr
+    assert not (tmp_path / "t.yaml").exists() and not (tmp_path / "x.yaml").exists()
+
+
+def test_show_and_diff_import_neither_torch_nor_kernels_and_flag_stale_entries(tuned, tmp_path):
+    _, _, out, _ = tuned
+    doc = yaml.safe_load(out.read_text())
+    doc["entries"][0].update(source="0123456789abcdef", module="nki_autotune.kernels.rmsnorm.cpu")
+    doc["entries"][0]["measured"]["calibration"] = {"us": 900.0, "quietest_us": 500.0, "disturbed": "busy"}
+    stale = tmp_path / "stale.yaml"
+    stale.write_text(yaml.safe_dump(doc, sort_keys=False))
+    code = textwrap.dedent(f"""
+        import sys
+        from nki_autotune.autotune.cli import main
+        rc = main(["show", {str(stale)!r}]) or main(["diff", {str(out)!r}, {str(stale)!r}])
+        heavy = sorted(m for m in ("torch", "numba", "nki_autotune.kernels") if m in sys.modules)
+        print("HEAVY", heavy)
+        sys.exit(rc)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("NKI_AUTOTUNE_")})
+    assert r.returncode == 0, r.stderr
+    assert "HEAVY []" in r.stdout
+    assert "STALE" in r.stdout and "DISTURBED" in r.stdout and "tuned for source 0123456789abcdef" in r.stdout
+
+
+PLUGIN = '''
+import torch
+from nki_autotune.registry import Impl, Op, register_impl, register_op
+
+
+def reference(x, alpha):
+    return x * alpha
+
+
+OP = register_op(Op(name="scale", reference=reference, tensors=("x",), attrs={"alpha": float},
+                    defaults={"alpha": 2.0}, differentiable=("x",),
+                    make_inputs=lambda key, gen, samples=None: (torch.randn(key.inputs[0].shape, generator=gen),),
+                    examples=(((((3, 5), "float32"),), {}),)))
+register_impl(Impl(op=OP, name="cpu_mul", backend="cpu",
+                   forward=lambda t, a, c: (t[0] * a["alpha"],), fake=lambda t, a: (torch.empty_like(t[0]),),
+                   supports=lambda specs, attrs: None))
+'''
+
+
+def test_import_registers_user_ops_for_list_check_and_run(tmp_path):
+    (tmp_path / "myplugin.py").write_text(PLUGIN)
+    env = {"PYTHONPATH": str(tmp_path)}
+    r = cli("list", "--import", "myplugin", env=env)
+    assert r.returncode == 0 and "cpu_mul" in r.stdout and "NKI_AUTOTUNE_KERNEL_SCALE" in r.stdout
+    r = cli("check", "--import", "myplugin", "--ops", "scale", env=env)
+    assert r.returncode == 0 and "scale.cpu_mul" in r.stdout and " 0 failed" in r.stdout
+    r = cli("list", "--import", "no_such_plugin_xyz")
+    assert r.returncode == 2 and "--import no_such_plugin_xyz: cannot import it" in r.stderr
+
+
+def test_record_merges_the_profiles_of_ranks(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import os, subprocess, sys
+        import torch
+        if "RANK" not in os.environ:  # a stand-in for torchrun: the same script on two ranks
+            for rank in ("0", "1"):
+                subprocess.run([sys.executable, __file__], env={**os.environ, "RANK": rank, "WORLD_SIZE": "2"},
+                               check=True)
+            sys.exit(0)
+        import nki_autotune.kernels as nk
+        rows = 4 if os.environ["RANK"] == "0" else 6
+        for _ in range(3):
+            nk.rmsnorm(torch.randn(rows, 16), torch.ones(16))
+    """))
+    out = tmp_path / "p.yaml"
+    r = cli("record", "-o", str(out), "--", sys.executable, str(script), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "merging the profiles of 2 ranks" in r.stdout
+    shapes = sorted(s["inputs"][0]["shape"][0] for s in yaml.safe_load(out.read_text())["sites"])
+    assert shapes == [4, 6]
+    assert (tmp_path / "p.rank0.yaml").exists() and (tmp_path / "p.rank1.yaml").exists()
+    merged = tmp_path / "m.yaml"
+    r = cli("record", "-o", str(merged), "--merge", str(tmp_path / "p.rank0.yaml"), str(tmp_path / "p.rank1.yaml"))
+    assert r.returncode == 0 and "2 call sites" in r.stdout

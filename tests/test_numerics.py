@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from nki_autotune.autotune.numerics import Numerics, compare, poisoned, tolerance
-from nki_autotune.autotune.stats import bootstrap_ci, paired_speedup
+from nki_autotune.autotune.stats import bootstrap_ci, paired_difference, ratio_of_medians
 from nki_autotune.registry import get_op
 
 from .helpers import key_of
@@ -63,5 +63,10 @@ def test_bootstrap_interval_brackets_the_median():
     xs = rng.normal(2.0, 0.1, 200)
     lo, hi = bootstrap_ci(xs)
     assert lo < np.median(xs) < hi and hi - lo < 0.1
-    s, (lo, hi) = paired_speedup([2.0] * 30, [1.0] * 30)
+    s, (lo, hi) = ratio_of_medians([2.0] * 30, [1.0] * 30)
     assert s == 2.0 and lo == hi == 2.0
+    c, k = rng.normal(2.0, 0.2, 60), rng.normal(1.0, 0.1, 60)
+    s, (lo, hi) = ratio_of_medians(c, k)
+    assert s == np.median(c) / np.median(k) and lo < s < hi and 1.7 < lo and hi < 2.3
+    d, (lo, hi) = paired_difference(c, k)
+    assert lo < d < hi and abs(d - 1.0) < 0.15

@@ -148,3 +148,16 @@ def test_record_variable_writes_the_profile_at_exit(tmp_path):
     prof = load_profile(out, ops())
     (site,) = prof.sites
     assert site.calls == 4 and site.inputs[0].shape == (6, 32) and site.site.startswith("run.py:")
+
+
+def test_version_1_profiles_still_load_and_version_2_records_layouts(tmp_path):
+    path = _write(tmp_path, [GOOD])  # version 1, as recorded before layouts were
+    prof = load_profile(path, ops())
+    assert prof.sites[0].inputs[0].strides is None
+    x = torch.randn(16, 8).t()  # a transposed view
+    with record(tmp_path / "v2.yaml"):
+        nk.rmsnorm(x, torch.ones(16))
+    text = (tmp_path / "v2.yaml").read_text()
+    assert text.startswith("version: 2") and "strides: [1, 8]" in text
+    (site,) = load_profile(tmp_path / "v2.yaml", ops()).sites
+    assert site.inputs[0].strides == (1, 8)

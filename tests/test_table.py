@@ -140,3 +140,31 @@ def test_table_for_an_unavailable_backend_is_ignored(switches, tmp_path):
     doc = {"version": 1, "fingerprint": {"backend": "neuron", "device": "trn2"}, "entries": []}
     with pytest.warns(UserWarning, match="backend 'neuron' is not available here"):
         switches(NKI_AUTOTUNE_TABLE=_write(tmp_path, doc))
+
+
+def test_layout_and_gradients_round_trip_and_stay_short_where_default(tmp_path):
+    from nki_autotune.registry import Key, TensorSpec, get_op
+
+    rope = get_op("rope")
+    specs = (TensorSpec((2, 4, 8, 16), "float32", (512, 16, 64, 1), True), TensorSpec((2, 4, 8, 16), "float32",
+             None, True), TensorSpec((2, 8, 16), "float32"), TensorSpec((2, 8, 16), "float32"))
+    key = Key.of(rope, specs, {})
+    plain = rmsnorm_key((8, 64))
+    path = tmp_path / "d.yaml"
+    Table(get_backend("cpu").fingerprint(), [Entry(key, None, reason="x"), Entry(plain, None, reason="y")]).save(path)
+    text = path.read_text()
+    assert "[[2, 4, 8, 16], float32, {strides: [512, 16, 64, 1]}]" in text
+    assert "[[2, 8, 16], float32, {grad: false}]" in text  # cos and sin need no gradient: said, as not the default
+    assert "inputs: [[[8, 64], float32], [[64], float32]]" in text  # DESIGN §5's form where all is default
+    back = load_table(path, ops())
+    assert [e.key for e in back.entries] == [key, plain]
+    assert load_table(path).entries[0].key == key  # the same key without the ops (show, diff)
+
+
+def test_bad_layout_fields_name_the_entry(tmp_path):
+    doc = _doc(inputs=[[[8, 64], "float32", {"strides": [1]}], [[64], "float32"]])
+    with pytest.raises(TableError, match=r"entries\[1\] \(rmsnorm\): field 'inputs\[0\].strides': expected 2"):
+        load_table(_write(tmp_path, doc), ops())
+    doc = _doc(inputs=[[[8, 64], "float32", {"order": "F"}], [[64], "float32"]])
+    with pytest.raises(TableError, match=r"field 'order': unknown field; allowed: strides, grad"):
+        load_table(_write(tmp_path, doc), ops())

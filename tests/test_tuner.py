@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nki_autotune.autotune.calibration import Calibration, LoadMeter
 from nki_autotune.autotune.search import Search, open_storage
 from nki_autotune.autotune.timing import Clock
 from nki_autotune.autotune.tuner import Options, Tuner
@@ -26,14 +27,17 @@ class EagerCpu(CpuBackend):
 class FakeClock(Clock):
     """Time of one region step from a formula of the runner: the tuner's decisions become predictable."""
 
-    def __init__(self, kernel_us, compiler_us=100.0, empty_us=10.0):
+    def __init__(self, kernel_us, compiler_us=100.0, empty_us=10.0, calibration_us=1000.0):
         super().__init__(sync=lambda: None)
         self.kernel_us, self.compiler_us, self.empty_us = kernel_us, compiler_us, empty_us
+        self.calibration_us = calibration_us
         self.calls = 0
 
     def time(self, runner, i):
-        self.calls += 1
         runner.step(i)  # still run it: failures must surface as they would
+        if runner.name == "calibration":
+            return self.calibration_us * 1e-6
+        self.calls += 1
         if runner.name == "empty":
             us = self.empty_us
         elif runner.name == "compiler":
@@ -43,15 +47,27 @@ class FakeClock(Clock):
         return (us + 0.5 * ((i * 7919) % 5)) * 1e-6
 
 
+class QuietMeter(LoadMeter):
+    """No other process uses the CPU (or, with ``busy``, the given cores' worth while the tuner measures)."""
+
+    def __init__(self, busy=()):
+        super().__init__(read=lambda: None)
+        self.busy = list(busy)
+
+    def stop(self):
+        return self.busy.pop(0) if self.busy else 0.0
+
+
 def site(shape=(64, 128), dtype="float32", grad=True, label="model.norm"):
     specs = (TensorSpec(shape, dtype, requires_grad=grad), TensorSpec(shape[-1:], dtype, requires_grad=grad))
     return Site("rmsnorm", specs, {"eps": 1e-6}, label)
 
 
-def tuner(tmp_path, clock, trials=20, **kw):
+def tuner(tmp_path, clock, trials=20, meter=None, **kw):
     be = EagerCpu()
     search = Search(open_storage(f"sqlite:///{tmp_path}/studies.db"), be.fingerprint(), trials=trials)
-    return Tuner(be, search, Options(trials=trials, search_rounds=5, final_rounds=12, sets=2, **kw), clock=clock)
+    return Tuner(be, search, Options(trials=trials, search_rounds=5, final_rounds=12, sets=2, pause_s=0, **kw),
+                 clock=clock, calibration=Calibration(be, clock, meter or QuietMeter()))
 
 
 def fast_when(threads=2, rows=16, us=40.0, other=90.0):
@@ -199,7 +215,7 @@ def test_real_timing_smoke(tmp_path):
     """The real clock and the real compiler on one small key: an auditable entry, whichever wins."""
     be = get_backend("cpu")
     search = Search(open_storage(f"sqlite:///{tmp_path}/s.db"), be.fingerprint(), trials=2)
-    t = Tuner(be, search, Options(trials=2, search_rounds=3, final_rounds=5, sets=2))
+    t = Tuner(be, search, Options(trials=2, search_rounds=3, final_rounds=5, sets=2, retries=0))
     table = t.tune(Profile([site(shape=(32, 64), grad=False)]))
     m = table.entries[0].measured
     assert m["kernel_us"] > 0 and m["compiler_us"] > 0 and m["compile_s"]["compiler"] > 0
@@ -220,10 +236,13 @@ def test_journal_file_storage_is_shared_between_tuners(tmp_path):
     """A journal file (e.g. on shared storage) serves as the study store of several machines."""
     be = EagerCpu()
     url = f"journal:///{tmp_path}/studies.log"
+    clock = FakeClock(fast_when())
     first = Tuner(be, Search(open_storage(url), be.fingerprint(), trials=20),
-                  Options(trials=20, search_rounds=3, final_rounds=5, sets=2), clock=FakeClock(fast_when()))
+                  Options(trials=20, search_rounds=3, final_rounds=5, sets=2), clock=clock,
+                  calibration=Calibration(be, clock, QuietMeter()))
     table = first.tune(Profile([site(shape=(32, 64))]))
     clock = FakeClock(fast_when())
-    second = Tuner(be, Search(open_storage(url), be.fingerprint(), trials=20), Options(trials=20), clock=clock)
+    second = Tuner(be, Search(open_storage(url), be.fingerprint(), trials=20), Options(trials=20), clock=clock,
+                   calibration=Calibration(be, clock, QuietMeter()))
     again = second.tune(Profile([site(shape=(32, 64))]))
     assert clock.calls == 0 and again.entries[0].config == table.entries[0].config

@@ -1,0 +1,237 @@
+"""``nki-autotune verify TABLE STEP``: the full training step under the table, against every kernel off and
+every kernel on, then each enabled entry switched off alone (DESIGN §6.7).
+
+The sum of isolated kernel measurements is not the full iteration: a kernel's custom-op call, the fusion it
+prevents and the memory it touches show up only in the whole step. So the step itself is timed, in one
+process, the variants interleaved in an order shuffled every round, and each entry's realized saving
+(the step with that entry off, paired against the full table) is set beside its predicted one
+(calls per step x (compiler - kernel)).
+
+STEP is ``path/to/file.py:function`` or ``package.module:function``: a function of no arguments that builds a
+model, its optimizer and its data from fixed seeds and returns a zero-argument callable running one full
+training step (forward, backward, optimizer step) and returning the loss. It is called once per variant, so
+every variant starts from the same weights and batches; gradients are read at the optimizer's first step.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from ..registry import Entry, Table, scope
+from ..registry.env import KERNELS, TABLE
+from .stats import median, paired_difference, ratio_of_medians
+
+
+class StepError(ValueError):
+    """STEP cannot be loaded or does not follow the protocol."""
+
+
+def load_step(spec: str) -> Callable[[], Callable[[], Any]]:
+    """The function named by ``path/to/file.py:function`` or ``package.module:function``."""
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name:
+        raise StepError(f"STEP {spec!r} must be path/to/file.py:function or package.module:function")
+    if target.endswith(".py") or "/" in target:
+        path = Path(target).resolve()
+        if not path.is_file():
+            raise StepError(f"STEP {spec!r}: no such file {target}")
+        sys.path.insert(0, str(path.parent))  # the script's own imports resolve as when it runs
+        mod_spec = importlib.util.spec_from_file_location(f"_nki_autotune_step_{path.stem}", path)
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as e:
+            raise StepError(f"STEP {spec!r}: cannot import {target}: {e}") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        found = ", ".join(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise StepError(f"STEP {spec!r}: {target} has no function {name!r} (it has: {found or 'none'})")
+    return fn
+
+
+@dataclass
+class Variant:
+    name: str
+    env: dict[str, str]
+    step: Callable[[], Any] | None = None
+    times: list[float] = field(default_factory=list)
+    entry: int | None = None
+    """For an ablation: the index of the entry switched off."""
+
+
+@contextmanager
+def _first_gradients(out: dict) -> Any:
+    """Record every parameter gradient at the first optimizer step inside the block."""
+    def hook(optimizer, args, kwargs):
+        if "grads" not in out:
+            out["grads"] = [p.grad.detach().double().flatten().clone() for g in optimizer.param_groups
+                            for p in g["params"] if p.grad is not None]
+
+    handle = register_optimizer_step_pre_hook(hook)
+    try:
+        yield out
+    finally:
+        handle.remove()
+
+
+def _loss(value: Any) -> float | None:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value.detach())
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+@dataclass
+class Report:
+    table: str
+    variants: dict[str, dict[str, Any]]
+    speedups: dict[str, dict[str, Any]]
+    numerics: dict[str, dict[str, Any]]
+    entries: list[dict[str, Any]]
+    verdict: str
+    slower: bool
+    numerics_ok: bool
+
+    def as_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("table", "variants", "speedups", "numerics", "entries", "verdict",
+                                              "slower", "numerics_ok")}
+
+
+class Verifier:
+    def __init__(self, table: Table, table_path: str, make_step: Callable[[], Callable[[], Any]], rounds: int = 20,
+                 warmup: int = 3, seed: int = 0, tolerance: float = 1e-3, ablate: bool = True,
+                 say: Callable[[str], None] = lambda s: None):
+        self.table, self.path, self.make_step = table, table_path, make_step
+        self.rounds, self.warmup, self.seed, self.tolerance, self.ablate = rounds, warmup, seed, tolerance, ablate
+        self.say = say
+        self._dir = tempfile.TemporaryDirectory(prefix="nki-autotune-verify-")
+
+    def enabled(self) -> list[int]:
+        return [i for i, e in enumerate(self.table.entries) if e.impl is not None]
+
+    def _without(self, i: int) -> str:
+        """A copy of the table with entry ``i`` sent back to the compiler."""
+        entries = [Entry(e.key, None, {}, e.sites, e.source, e.measured, "switched off by verify", e.module)
+                   if j == i else e for j, e in enumerate(self.table.entries)]
+        path = Path(self._dir.name) / f"without-{i}.yaml"
+        Table(self.table.fingerprint, entries, self.table.created).save(path)
+        return str(path)
+
+    def variants(self) -> list[Variant]:
+        out = [Variant("table", {TABLE: self.path}), Variant("off", {KERNELS: "off"}), Variant("on", {KERNELS: "on"})]
+        if self.ablate:
+            out += [Variant(f"without entries[{i}]", {TABLE: self._without(i)}, entry=i) for i in self.enabled()]
+        return out
+
+    def run(self) -> Report:
+        cfg = torch._dynamo.config  # every variant keeps its graphs: 3 instances, one more per ablation
+        cfg.recompile_limit = max(cfg.recompile_limit, 64)
+        cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 1024)
+        variants = self.variants()
+        numerics: dict[str, dict[str, Any]] = {}
+        first: dict[str, dict] = {}
+        for v in variants[:3]:  # each main variant on its own instance, from the same seeds
+            torch.manual_seed(self.seed)
+            random.seed(self.seed)
+            with scope(**v.env), _first_gradients(first.setdefault(v.name, {})) as seen:
+                v.step = self.make_step()
+                seen["loss"] = _loss(v.step())
+        for v in variants[3:]:
+            v.step = variants[0].step  # ablations share the table's instance (its graphs differ by one op)
+        ref = first["off"]
+        for name in ("table", "on"):
+            got = first[name]
+            row: dict[str, Any] = {}
+            if got.get("loss") is not None and ref.get("loss") is not None:
+                row["loss_rel_diff"] = abs(got["loss"] - ref["loss"]) / max(abs(ref["loss"]), 1e-30)
+            if "grads" in got and "grads" in ref and len(got["grads"]) == len(ref["grads"]):
+                row["grad_rel_diff"] = _rel(torch.cat(got["grads"]), torch.cat(ref["grads"]))
+            row["ok"] = bool(row) and all(x <= self.tolerance for x in row.values())
+            numerics[name] = row
+        self.say(f"warm-up: {len(variants)} variants x {self.warmup} steps")
+        for v in variants:
+            with scope(**v.env):
+                for _ in range(self.warmup):
+                    v.step()
+        rng = random.Random(self.seed)
+        order = list(variants)
+        for r in range(self.rounds):
+            rng.shuffle(order)
+            for v in order:
+                with scope(**v.env):
+                    t0 = time.perf_counter()
+                    v.step()
+                    v.times.append(time.perf_counter() - t0)
+            self.say(f"round {r + 1}/{self.rounds}")
+        return self._report(variants, numerics)
+
+    def _report(self, variants: list[Variant], numerics: dict) -> Report:
+        by = {v.name: v for v in variants}
+        out = {v.name: {"ms_per_step": round(median(v.times) * 1e3, 3), "rounds": len(v.times)} for v in variants[:3]}
+        speedups = {}
+        for name, base in (("table", "off"), ("on", "off"), ("table", "on")):
+            s, (lo, hi) = ratio_of_medians(by[base].times, by[name].times, seed=self.seed)
+            speedups[f"{name} over {base}"] = {"speedup": round(s, 4), "ci95": [round(lo, 4), round(hi, 4)]}
+        entries = []
+        for v in variants[3:]:
+            e = self.table.entries[v.entry]
+            saving, (lo, hi) = paired_difference(v.times, by["table"].times, seed=self.seed)
+            m = e.measured
+            predicted = None
+            if isinstance(m.get("compiler_us"), (int, float)) and isinstance(m.get("kernel_us"), (int, float)):
+                predicted = m.get("calls_per_step", len(e.sites) or 1) * (m["compiler_us"] - m["kernel_us"]) / 1e3
+            entries.append({
+                "entry": v.entry, "key": e.key.label(), "impl": e.impl,
+                "predicted_ms": None if predicted is None else round(predicted, 3),
+                "realized_ms": round(saving * 1e3, 3), "realized_ci95": [round(lo * 1e3, 3), round(hi * 1e3, 3)],
+                "kept": saving > 0,
+            })
+        t = speedups["table over off"]
+        slower = t["ci95"][1] < 1.0
+        if slower:
+            verdict = f"the table is slower than every kernel off: {t['speedup']:.3f}x (95% CI {t['ci95'][0]:.3f}-" \
+                      f"{t['ci95'][1]:.3f})"
+        elif t["ci95"][0] > 1.0:
+            verdict = f"the table is faster than every kernel off: {t['speedup']:.3f}x (95% CI {t['ci95'][0]:.3f}-" \
+                      f"{t['ci95'][1]:.3f})"
+        else:
+            verdict = f"the table is not shown faster or slower than every kernel off: {t['speedup']:.3f}x " \
+                      f"(95% CI {t['ci95'][0]:.3f}-{t['ci95'][1]:.3f})"
+        numerics_ok = all(r.get("ok", False) for r in numerics.values())
+        return Report(self.path, out, speedups, numerics, entries, verdict, slower, numerics_ok)
+
+    def pruned(self, report: Report) -> Table:
+        """The table with every entry whose realized saving is not positive sent back to the compiler."""
+        drop = {r["entry"]: r for r in report.entries if not r["kept"]}
+        entries = []
+        for i, e in enumerate(self.table.entries):
+            if i not in drop:
+                entries.append(e)
+                continue
+            r = drop[i]
+            lo, hi = r["realized_ci95"]
+            reason = (f"verify: does not pay in the full step (realized saving {r['realized_ms']:+.3f} ms/step, "
+                      f"95% CI {lo:+.3f} to {hi:+.3f}, predicted {r['predicted_ms']} ms); was: {e.reason}")
+            entries.append(Entry(e.key, None, {}, e.sites, e.source, {**e.measured, "impl": e.impl,
+                                 "config": dict(e.config)}, reason, e.module))
+        return Table(self.table.fingerprint, entries)

@@ -1,0 +1,140 @@
+"""Decisions that hold in the model: recorded keys are the keys dispatch looks up (eval loops, frozen weights,
+transposed views), each decision is logged once with the table entry that made it, stale entries are ignored,
+and scoped switches stay in their thread."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import nki_autotune.kernels as nk
+from nki_autotune.autotune.search import Search, open_storage
+from nki_autotune.autotune.tuner import Options, Tuner
+from nki_autotune.registry import Entry, TableError, explain, get_op, load_profile, ops, record, scope
+
+from .conftest import rmsnorm_key
+from .test_tuner import EagerCpu, FakeClock, QuietMeter
+
+
+class Block(nn.Module):
+    """A norm with a trainable weight, a frozen (LoRA-style) norm, and RoPE on transposed views as HF passes."""
+
+    def __init__(self, d=32, heads=2):
+        super().__init__()
+        self.heads, self.hd = heads, d // heads
+        self.norm = nn.Parameter(1 + 0.1 * torch.randn(d))
+        self.frozen = nn.Parameter(1 + 0.1 * torch.randn(d), requires_grad=False)
+        self.proj = nn.Linear(d, 2 * d, bias=False)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        h = nk.rmsnorm(x, self.norm) + nk.rmsnorm(x, self.frozen)
+        q, k = self.proj(h).view(b, s, 2, self.heads, self.hd).unbind(2)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [b, heads, s, hd], not contiguous
+        ang = torch.arange(s, dtype=torch.float32)[:, None] * torch.linspace(0.1, 1, self.hd)
+        cos, sin = ang.cos().expand(b, s, self.hd).contiguous(), ang.sin().expand(b, s, self.hd).contiguous()
+        q, k = nk.rope(q, k, cos, sin)
+        return (q * k).sum()
+
+
+def _train_and_eval(model, x):
+    model(x).backward()
+    with torch.no_grad():
+        model(x)
+
+
+def _tune(tmp_path, profile):
+    be = EagerCpu()
+    clock = FakeClock(lambda cfg: 40.0)  # every kernel measures faster than the compiler
+    search = Search(open_storage(f"sqlite:///{tmp_path}/s.db"), be.fingerprint(), trials=2)
+    from nki_autotune.autotune.calibration import Calibration
+
+    tuner = Tuner(be, search, Options(trials=2, search_rounds=3, final_rounds=5, sets=1, pause_s=0), clock=clock,
+                  calibration=Calibration(be, clock, QuietMeter()))
+    table = tuner.tune(profile)
+    path = tmp_path / "dispatch.yaml"
+    table.save(path)
+    return table, str(path)
+
+
+def test_every_recorded_call_finds_its_entry_and_takes_its_path(tmp_path, switches, caplog):
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(2, 8, 32, requires_grad=True)
+    with record(tmp_path / "p.yaml"):
+        _train_and_eval(model, x)
+    profile = load_profile(tmp_path / "p.yaml", ops())
+    modes = {(s.op, tuple(i.requires_grad for i in s.inputs)) for s in profile.sites}
+    assert ("rmsnorm", (True, True)) in modes and ("rmsnorm", (True, False)) in modes  # frozen weight
+    assert ("rmsnorm", (False, False)) in modes  # the eval loop: no gradient, even for parameters
+    rope = [s for s in profile.sites if s.op == "rope"]
+    assert rope and all(s.inputs[0].strides is not None for s in rope)  # the transposed view is recorded as such
+    table, path = _tune(tmp_path, profile)
+    keys = {e.key for e in table.entries}
+    assert len(keys) == len(table.entries) == len(profile.keys(ops()))
+
+    switches(NKI_AUTOTUNE_TABLE=path, NKI_AUTOTUNE_LOG="1")
+    with caplog.at_level(logging.INFO, logger="nki_autotune.dispatch"):
+        _train_and_eval(model, x)
+    lines = [r.getMessage() for r in caplog.records if r.name == "nki_autotune.dispatch"]
+    for i, e in enumerate(table.entries):
+        mine = [ln for ln in lines if ln.startswith(e.key.label() + ":")]
+        assert len(mine) == 1, (e.key.label(), lines)  # logged once, though called in several steps
+        assert f"table {path} entries[{i}]" in mine[0], mine[0]
+        assert (f"kernel {e.key.op}.{e.impl}" in mine[0]) if e.impl else ("compiler path" in mine[0])
+    assert len(lines) == len(table.entries)
+
+
+def test_a_site_the_table_does_not_know_says_why(switches, write_table, caplog):
+    switches(NKI_AUTOTUNE_TABLE=write_table([Entry(rmsnorm_key((8, 64)), "cpu_rows",
+                                                   {"threads": 1, "rows_per_task": 4}, reason="faster")]))
+    x = torch.randn(8, 64).t().contiguous().t()  # same shape, other layout
+    exp = explain("rmsnorm", x.requires_grad_(), torch.ones(64, requires_grad=True))
+    assert exp.path == "compiler" and "differs in layout of input 0" in exp.reason, exp.reason
+    with torch.no_grad():
+        exp = explain("rmsnorm", torch.randn(8, 64), torch.ones(64, requires_grad=True))
+    assert "differs in mode, gradient of input 0, gradient of input 1" in exp.reason, exp.reason
+
+
+def test_stale_entries_are_ignored_with_a_warning_and_refused_under_strict(switches, write_table):
+    entry = Entry(rmsnorm_key((8, 64)), "cpu_rows", {"threads": 1, "rows_per_task": 4}, reason="faster",
+                  source="0123456789abcdef", module="nki_autotune.kernels.rmsnorm.cpu")
+    path = write_table([entry])
+    with pytest.warns(UserWarning, match=r"ignoring 1 stale entry.*tuned for source 0123456789abcdef"):
+        switches(NKI_AUTOTUNE_TABLE=path)
+    x, w = torch.randn(8, 64, requires_grad=True), torch.randn(64, requires_grad=True)
+    exp = explain("rmsnorm", x, w)
+    assert exp.path == "compiler" and "is stale and ignored" in exp.reason
+    current = get_op("rmsnorm").impls["cpu_rows"].source_hash
+    fresh = Entry(entry.key, "cpu_rows", entry.config, reason="faster", source=current, module=entry.module)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        switches(NKI_AUTOTUNE_TABLE=write_table([fresh], name="fresh.yaml"))
+    assert explain("rmsnorm", x, w).path == "kernel"
+    with pytest.raises(TableError, match="stale"):
+        switches(NKI_AUTOTUNE_TABLE=path, NKI_AUTOTUNE_STRICT="1")
+
+
+def test_scope_stays_in_its_thread():
+    x, w = torch.randn(8, 64), torch.randn(64)
+    inside, outside = threading.Event(), threading.Event()
+    seen = {}
+
+    def other():
+        inside.wait()
+        seen["other"] = explain("rmsnorm", x, w).path
+        outside.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    with scope(NKI_AUTOTUNE_KERNELS="on"):
+        assert explain("rmsnorm", x, w).path == "kernel"
+        inside.set()
+        outside.wait()
+    t.join()
+    assert seen["other"] == "compiler"
+    assert explain("rmsnorm", x, w).path == "compiler"

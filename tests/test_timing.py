@@ -1,0 +1,156 @@
+"""Honest timing: region arity, calls per region, shuffled rounds, numbers that agree with each other, and
+measurements taken on a disturbed machine."""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+
+from nki_autotune.autotune.calibration import Calibration
+from nki_autotune.autotune.numerics import compare
+from nki_autotune.autotune.timing import Clock, Runner, Workload, choose_calls, interleave
+from nki_autotune.registry import Key, Profile, Site, TensorSpec, get_op
+
+from .helpers import key_of
+from .test_tuner import EagerCpu, FakeClock, QuietMeter, fast_when, site, tuner
+
+
+class Recording(EagerCpu):
+    """Eager 'compilation' that records how many tensors each region takes and returns."""
+
+    def __init__(self):
+        self.arity = []
+
+    def compile(self, fn):
+        def run(*args):
+            out = fn(*args)
+            self.arity.append((len(args), len(out), sum(a.requires_grad for a in args)))
+            return out
+        return run
+
+
+def rope_key(grads=(True, True, False, False), strides=None):
+    specs = [TensorSpec((2, 4, 8, 16), "float32", strides), TensorSpec((2, 2, 8, 16), "float32"),
+             TensorSpec((2, 8, 16), "float32"), TensorSpec((2, 8, 16), "float32")]
+    specs = tuple(TensorSpec(s.shape, s.dtype, s.strides, g) for s, g in zip(specs, grads))
+    return Key.of(get_op("rope"), specs, {})
+
+
+def test_empty_region_has_the_arity_of_the_measured_ones():
+    be = Recording()
+    w = Workload(get_op("rope"), rope_key(), be, sets=1)
+    w.prepare(3)
+    w.compiler()
+    w.empty()
+    (c_in, c_out, c_leaves), (e_in, e_out, e_leaves) = be.arity
+    assert (c_in, c_out) == (e_in, e_out) == (12, 6)
+    assert c_leaves == e_leaves == 6  # q and k of each call: cos and sin ask for no gradient
+
+
+def test_only_the_gradients_the_key_asks_for_are_timed():
+    frozen = Key.of(get_op("rmsnorm"), (TensorSpec((16, 32), "float32", requires_grad=True),
+                                        TensorSpec((32,), "float32", requires_grad=False)), {"eps": 1e-6})
+    assert frozen.mode == "training" and frozen.grads == (0,)
+    w = Workload(get_op("rmsnorm"), frozen, EagerCpu(), sets=1)
+    w.prepare(2)
+    x0, w0, x1, w1 = w._inputs[0]
+    assert x0.requires_grad and x1.requires_grad and not w0.requires_grad and not w1.requires_grad
+
+
+def test_inputs_are_built_in_the_keys_layout():
+    hf = (8 * 4 * 16, 16, 4 * 16, 1)  # q of x.view(b, s, h, d).transpose(1, 2)
+    key = rope_key(strides=hf)
+    assert key.inputs[0].strides == hf
+    w = Workload(get_op("rope"), key, EagerCpu(), sets=1)
+    w.prepare(1)
+    assert w._inputs[0][0].stride() == hf and w._inputs[0][1].is_contiguous()
+    seen = []
+
+    def fn(q, k, c, s):
+        seen.append(q.stride())
+        return get_op("rope").reference(q, k, c, s)
+
+    assert compare(get_op("rope"), key, fn, torch.Generator().manual_seed(0)).ok
+    assert seen == [hf]
+
+
+def test_rounds_are_shuffled_independently_of_the_input_sets():
+    firsts = collections.defaultdict(set)
+    order = []
+
+    class Log(Clock):
+        def time(self, runner, i):
+            order.append((i, runner.name))
+            return 1e-6
+
+    runners = [Runner(n, lambda i: None) for n in ("compiler", "kernel", "empty")]
+    interleave(runners, rounds=60, clock=Log(sync=lambda: None), warmup=0, seed=3)
+    for i in range(60):
+        firsts[i % 3].add(order[3 * i][1])
+        assert {n for _, n in order[3 * i:3 * i + 3]} == {"compiler", "kernel", "empty"}
+        assert {r for r, _ in order[3 * i:3 * i + 3]} == {i}  # one input set per round, for every runner
+    assert all(len(f) == 3 for f in firsts.values())  # whoever goes first is not tied to the input set
+
+
+class ScalingClock(FakeClock):
+    """Region time = fixed + per-call cost x calls."""
+
+    def time(self, runner, i):
+        runner.step(i)
+        per = {"empty": 2.0, "compiler": 30.0}.get(runner.name, 20.0)
+        return (20.0 + per * runner.calls) * 1e-6
+
+
+def test_calls_grow_until_the_empty_region_costs_under_a_fifth():
+    key = key_of("rmsnorm", "training", [((8, 16), "float32"), ((16,), "float32")], {"eps": 1e-6})
+    w = Workload(get_op("rmsnorm"), key, EagerCpu(), sets=1)
+    calls, compiler, empty = choose_calls(w, ScalingClock(None))
+    assert calls == 16 and compiler.calls == empty.calls == 16  # 1: 44%, 4: 20%, 16: 10%
+
+
+def test_speedup_is_the_ratio_of_the_reported_times(tmp_path):
+    table = tuner(tmp_path, FakeClock(fast_when(us=45.0))).tune(Profile([site()]))
+    m = table.entries[0].measured
+    assert abs(m["speedup"] - m["compiler_us"] / m["kernel_us"]) <= 0.02 * m["speedup"]
+    assert m["region"]["empty_share"] < 0.2 and m["calibration"]["us"] > 0 and m["calls_per_step"] == 1
+
+
+def test_a_region_no_slower_than_the_empty_one_is_not_measurable(tmp_path):
+    table = tuner(tmp_path, FakeClock(lambda cfg: 8.0, compiler_us=100.0, empty_us=10.0)).tune(Profile([site()]))
+    (e,) = table.entries
+    assert e.impl is None and e.reason.startswith("not measurable at this size"), e.reason
+    assert "speedup" not in e.measured
+
+
+def test_a_disturbed_final_measurement_is_measured_again_after_a_pause(tmp_path):
+    t = tuner(tmp_path, FakeClock(fast_when()), meter=QuietMeter(busy=[1.5]))
+    (e,) = t.tune(Profile([site()])).entries
+    assert e.impl == "cpu_rows" and "disturbed" not in e.measured["calibration"]
+
+
+def test_a_machine_that_stays_disturbed_keeps_the_compiler_and_says_so(tmp_path):
+    t = tuner(tmp_path, FakeClock(fast_when()), meter=QuietMeter(busy=[1.5] * 100))
+    (e,) = t.tune(Profile([site()])).entries
+    assert e.impl is None and "disturbed machine" in e.reason, e.reason
+    assert "other processes used 1.50 cores" in e.measured["calibration"]["disturbed"]
+
+
+def test_calibration_drift_is_a_disturbance():
+    clock = FakeClock(None, calibration_us=1000.0)
+    cal = Calibration(EagerCpu(), clock, QuietMeter())
+    assert cal.disturbed(cal.read()) is None
+    clock.calibration_us = 1600.0
+    assert "1.60x its quietest time" in cal.disturbed(cal.read())
+
+
+def test_site_with_frozen_weight_and_no_grad_site_make_their_own_keys():
+    ops = {"rmsnorm": get_op("rmsnorm")}
+    x = TensorSpec((4, 8), "float32", requires_grad=True)
+    prof = Profile([Site("rmsnorm", (x, TensorSpec((8,), "float32", requires_grad=True)), {"eps": 1e-6}, "a"),
+                    Site("rmsnorm", (x, TensorSpec((8,), "float32")), {"eps": 1e-6}, "lora"),
+                    Site("rmsnorm", (TensorSpec((4, 8), "float32"), TensorSpec((8,), "float32")), {"eps": 1e-6},
+                         "eval")])
+    keys = list(prof.keys(ops))
+    assert [k.mode for k in keys] == ["training", "training", "inference"]
+    assert [k.grads for k in keys] == [(0, 1), (0,), ()]

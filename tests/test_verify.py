@@ -1,0 +1,95 @@
+"""`nki-autotune verify`: the full step under the table, every kernel off and on, and each entry alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from nki_autotune.autotune.verify import StepError, Verifier, load_step
+from nki_autotune.registry import Entry, Table, get_backend, get_op, load_table
+
+from .helpers import key_of
+from .test_cli import cli
+
+STEP = str(Path(__file__).parent / "data" / "tiny_step.py") + ":make_step"
+
+
+def _table(path, measured=None):
+    rms = key_of("rmsnorm", "training", [((64, 32), "float32"), ((32,), "float32")], {"eps": 1e-6})
+    smx = key_of("softmax", "training", [((64, 32), "float32")], {"dim": -1})
+    m = measured or {"kernel_us": 50.0, "compiler_us": 80.0, "calls_per_step": 1}
+    entries = [Entry(rms, "cpu_rows", {"threads": 1, "rows_per_task": 16}, ["norm"], measured=m, reason="faster"),
+               Entry(smx, "cpu_rows", {"threads": 1, "online": 0}, ["softmax"], measured=m, reason="faster")]
+    Table(get_backend("cpu").fingerprint(), entries).save(path)
+    return load_table(path, None), str(path)
+
+
+def test_load_step_names_what_is_wrong(tmp_path):
+    assert callable(load_step(STEP))
+    for spec, what in [("nocolon", "must be path/to/file.py:function"), (str(tmp_path / "x.py:f"), "no such file"),
+                       (STEP.replace("make_step", "nope"), r"has no function .nope. \(it has: "),
+                       ("no_such_module_xyz:f", "cannot import no_such_module_xyz")]:
+        with pytest.raises(StepError, match=what):
+            load_step(spec)
+
+
+def test_verify_runs_every_variant_and_each_entry_alone(tmp_path):
+    table, path = _table(tmp_path / "t.yaml")
+    r = Verifier(table, path, load_step(STEP), rounds=3, warmup=1).run()
+    assert set(r.variants) == {"table", "off", "on"} and all(v["rounds"] == 3 for v in r.variants.values())
+    assert set(r.speedups) == {"table over off", "on over off", "table over on"}
+    assert r.numerics_ok and all(row["grad_rel_diff"] < 1e-4 for row in r.numerics.values())
+    assert [e["entry"] for e in r.entries] == [0, 1] and all(e["predicted_ms"] == 0.03 for e in r.entries)
+    assert all(len(e["realized_ci95"]) == 2 for e in r.entries)
+
+
+def test_wrong_kernel_numerics_are_caught(tmp_path, monkeypatch):
+    impl = get_op("softmax").impls["cpu_rows"]
+    orig = impl.forward
+    monkeypatch.setattr(impl, "forward", lambda t, a, c: tuple(y * 1.01 for y in orig(t, a, c)))
+    table, path = _table(tmp_path / "t.yaml")
+    r = Verifier(table, path, load_step(STEP), rounds=1, warmup=0, ablate=False).run()
+    assert not r.numerics_ok and r.numerics["table"]["loss_rel_diff"] > 1e-3
+
+
+def _report(table_ms, off_ms, savings):
+    v = Verifier(Table({}, []), "t.yaml", lambda: None)
+    times = {"table": [table_ms / 1e3] * 9, "off": [off_ms / 1e3] * 9, "on": [off_ms / 1e3] * 9}
+    from nki_autotune.autotune.verify import Variant
+
+    variants = [Variant(n, {}, times=t) for n, t in times.items()]
+    v.table = Table({}, [Entry(key_of("softmax", "training", [((4, 4), "float32")], {"dim": -1}), "cpu_rows",
+                               {"threads": 1, "online": 0}, measured={"kernel_us": 1.0, "compiler_us": 2.0},
+                               reason="faster") for _ in savings])
+    variants += [Variant(f"w{i}", {}, times=[(table_ms + s) / 1e3] * 9, entry=i) for i, s in enumerate(savings)]
+    return v, v._report(variants, {"table": {"ok": True}, "on": {"ok": True}})
+
+
+def test_verdict_and_prune():
+    _, r = _report(100.0, 90.0, [])
+    assert r.slower and "slower" in r.verdict
+    v, r = _report(90.0, 100.0, [2.0, -1.0])
+    assert not r.slower and "faster" in r.verdict
+    assert [e["kept"] for e in r.entries] == [True, False]
+    pruned = v.pruned(r)
+    assert pruned.entries[0].impl == "cpu_rows" and pruned.entries[1].impl is None
+    assert pruned.entries[1].reason.startswith("verify: does not pay in the full step (realized saving -1.000")
+
+
+def test_verify_command(tmp_path):
+    _, path = _table(tmp_path / "t.yaml")
+    out, js = tmp_path / "pruned.yaml", tmp_path / "v.json"
+    r = cli("verify", path, STEP, "--rounds", "3", "--warmup", "1", "--prune", "-o", str(out), "--json", str(js))
+    assert r.returncode in (0, 1), r.stderr  # 1 only when the table measured slower than every kernel off
+    data = json.loads(js.read_text())
+    assert (r.returncode == 1) == data["slower"] and data["numerics_ok"]
+    assert "speedup of table over off" in r.stdout and "each enabled entry switched off alone" in r.stdout
+    pruned = load_table(out, None)
+    kept = [e["kept"] for e in data["entries"]]
+    assert [e.impl is not None for e in pruned.entries] == kept
+    assert cli("verify", path, "nocolon").returncode == 2
+    assert cli("verify", path, STEP, "--prune").returncode == 2
+    torch._dynamo.reset()
