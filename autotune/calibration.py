@@ -79,8 +79,8 @@ class Calibration:
     def _region(self) -> Runner:
         if self._runner is None:
             g = torch.Generator().manual_seed(0)
-            a = torch.randn(256, 256, generator=g).to(self.backend.device)
-            b = torch.randn(256, 1024, generator=g).to(self.backend.device)
+            a = torch.randn(192, 192, generator=g).to(self.backend.device)  # ~1 ms on two cores
+            b = torch.randn(192, 512, generator=g).to(self.backend.device)
             compiled = self.backend.compile(fresh(lambda a, b: torch.nn.functional.gelu(a @ b).softmax(-1).sum(0)))
             self._runner = Runner("calibration", lambda i: compiled(a, b))
             self._runner.step(0)

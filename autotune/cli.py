@@ -92,6 +92,7 @@ def cmd_run(args, console: Console) -> int:
     registry = _heavy(args.imports)
     from .search import Search, default_storage, open_storage
     from .tuner import Options, Tuner
+    from .worker import IsolatedBench, default_memory_limit
 
     registered = registry.ops()
     if args.backend == "auto":
@@ -110,19 +111,30 @@ def cmd_run(args, console: Console) -> int:
             raise UsageError(f"--ops names unknown op(s) {', '.join(unknown)}; known: {', '.join(sorted(registered))}")
     if args.threshold < 1.0:
         raise UsageError(f"--threshold must be at least 1.0, got {args.threshold}")
+    if args.trial_timeout <= 0:
+        raise UsageError(f"--trial-timeout must be positive, got {args.trial_timeout}")
     options = Options(trials=args.trials, threshold=args.threshold, seed=args.seed, budget_s=args.budget,
                       mode=None if args.mode == "profile" else args.mode, ops=wanted,
                       search_rounds=args.rounds, final_rounds=args.final_rounds, retries=args.retries,
                       pause_s=args.pause)
     storage_url = args.storage or default_storage()
-    search = Search(open_storage(storage_url), backend.fingerprint(), trials=args.trials, seed=args.seed)
+    # a live worker finishes a trial within its limits: a trial RUNNING longer belongs to a dead one
+    lease = 5 * args.trial_timeout + 8 * (args.trial_timeout + args.pause)
+    search = Search(open_storage(storage_url), backend.fingerprint(), trials=args.trials, seed=args.seed,
+                    lease_s=lease)
     console.print(f"tuning {args.profile} on backend [bold]{backend.name}[/] ({backend.fingerprint()['device']}); "
                   f"studies in {storage_url}")
+    memory = int(args.trial_memory * 2**30) if args.trial_memory else default_memory_limit()
     t0 = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False, disable=args.quiet) as progress:
-        tuner = Tuner(backend, search, options, listener=_Bar(progress, args.trials, console))
-        table = tuner.tune(profile, args.output)
+        bar = _Bar(progress, args.trials, console)
+        bench = IsolatedBench(backend.name, options.measure(), args.imports, args.trial_timeout, memory, bar.note)
+        try:
+            tuner = Tuner(backend, search, bench, options, listener=bar)
+            table = tuner.tune(profile, args.output)
+        finally:
+            bench.close()
     table.save(args.output)
     elapsed = time.perf_counter() - t0
     console.print(report.summary(table, title=f"dispatch table {args.output}"))
@@ -365,6 +377,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--retries", type=int, default=2,
                    help="times a key is measured again when the machine was disturbed while measuring it")
     r.add_argument("--pause", type=float, default=5.0, help="seconds to wait before measuring again")
+    r.add_argument("--trial-timeout", type=float, default=300.0,
+                   help="seconds one trial may take (compile, numerics, timing); a hung config is killed")
+    r.add_argument("--trial-memory", type=float, default=None,
+                   help="GiB the worker may use before a trial is stopped (default: 80%% of the machine's memory)")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     _imports(r)
     r.set_defaults(fn=cmd_run)

@@ -1,8 +1,16 @@
-"""The config search (DESIGN §6.2): one Optuna study per (key, impl), resumable, shareable.
+"""The config search (DESIGN §6.2): one Optuna study per (key, impl), resumable and shared by many workers.
 
-Small spaces are run exhaustively; larger ones by seeded TPE. A config that breaks
-the impl's constraint is pruned before it runs; one that raises, times out or
-fails numerics is a failed trial with its reason, and the search goes on.
+Small spaces are run exhaustively, larger ones by seeded TPE. Every piece of work is an Optuna trial, claimed
+through the storage: a worker enqueues a config nobody has claimed (``enqueue_trial``) and takes the oldest
+waiting trial (``ask`` inside ``optimize``, an atomic pop on RDB and journal storages), so any number of
+workers on one storage share the work. Two workers that claim the same config at once both see both trials:
+the one with the higher trial number steps back (PRUNED), so no (key, impl, config) is measured twice.
+The final comparison of an impl's best config is a trial too (``kind: final``), measured once and stored.
+
+A worker that dies leaves its claimed trial RUNNING: on RDB storages Optuna's heartbeat fails it and
+``RetryFailedTrialCallback`` puts it back; on a journal file (no heartbeat) a trial RUNNING longer than the
+lease (the longest a live worker may take) is failed and put back the same way. A config that fails as data
+(raises, crashes the worker, times out, fails numerics) is a FAIL trial that records why: it is never retried.
 """
 
 from __future__ import annotations
@@ -10,19 +18,24 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 import optuna
-from optuna.distributions import CategoricalDistribution
-from optuna.storages import JournalStorage
+from optuna.storages import JournalStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend
-from optuna.trial import TrialState, create_trial
+from optuna.trial import FrozenTrial, TrialState
 
-from ..registry import Impl, Key, settings
+from ..registry import Impl, Key
+from ..registry.switches import settings
 
-optuna.logging.set_verbosity(optuna.logging.WARNING)
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+
+TRIAL, FINAL = "trial", "final"
+HEARTBEAT_S = 10
 
 
 def default_storage() -> str:
@@ -32,8 +45,8 @@ def default_storage() -> str:
     return f"sqlite:///{path}"
 
 
-def open_storage(url: str | None) -> Any:
-    """An Optuna storage from a URL: any RDB URL, or ``journal:///path`` for a journal file."""
+def open_storage(url: str | None, heartbeat_s: int = HEARTBEAT_S) -> Any:
+    """An Optuna storage from a URL: any RDB URL (with heartbeats), or ``journal:///path`` for a journal file."""
     url = url or default_storage()
     if url.startswith("journal:"):
         path = url.split(":", 1)[1].removeprefix("//")
@@ -41,8 +54,19 @@ def open_storage(url: str | None) -> Any:
         return JournalStorage(JournalFileBackend(path))
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
         os.makedirs(os.path.dirname(os.path.abspath(url.removeprefix("sqlite:///"))), exist_ok=True)
-    return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}}
-                                      if url.startswith("sqlite") else {})
+    with warnings.catch_warnings():  # heartbeats are marked experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(
+            url, engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {},
+            heartbeat_interval=heartbeat_s, grace_period=3 * heartbeat_s,
+            heartbeat_stale_trial_callback=_retry())
+
+
+def _retry() -> RetryHeartbeatStaleTrialCallback:
+    """Puts a dead worker's trial back for another (its user attrs, kind and config, come along)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return RetryHeartbeatStaleTrialCallback(max_retry=3)
 
 
 def digest(obj: Any) -> str:
@@ -53,7 +77,7 @@ def digest(obj: Any) -> str:
 class TrialResult:
     config: dict[str, int]
     speedup: float | None
-    """Median per-round compiler/kernel ratio; None when the trial failed."""
+    """Median compiler/kernel ratio; None when the trial failed."""
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -61,14 +85,35 @@ class TrialResult:
         return self.speedup is None
 
 
+class _Failed(Exception):
+    """A config that failed as data: its trial is FAIL, with the reason in its user attrs."""
+
+
 def _config_id(config: dict[str, int]) -> str:
     return json.dumps(config, sort_keys=True)
 
 
+def _kind(t: FrozenTrial) -> str:
+    return t.user_attrs.get("kind", TRIAL)
+
+
+def _measured(t: FrozenTrial) -> bool:
+    """Finished with a result: complete, or failed as data (a worker that died leaves no ``info``)."""
+    return t.state == TrialState.COMPLETE or (t.state == TrialState.FAIL and "info" in t.user_attrs)
+
+
+def _holds(t: FrozenTrial) -> bool:
+    """Stands for its config: done, running, or waiting for a worker."""
+    return _measured(t) or t.state in (TrialState.RUNNING, TrialState.WAITING)
+
+
 class Search:
-    def __init__(self, storage: Any, fingerprint: dict[str, Any], trials: int = 16, seed: int = 0):
+    def __init__(self, storage: Any, fingerprint: dict[str, Any], trials: int = 16, seed: int = 0,
+                 lease_s: float = 3600.0):
         self.storage, self.trials, self.seed = storage, trials, seed
         self.fp = digest(fingerprint)
+        self.lease_s = lease_s
+        """Storages without heartbeats: a trial RUNNING longer than this belongs to a dead worker."""
 
     def study_name(self, key: Key, impl: Impl) -> str:
         return f"{key.op}:{digest(key)}:{impl.name}:src-{impl.source_hash}:fp-{self.fp}"
@@ -82,71 +127,131 @@ class Search:
             study.set_user_attr("key", key.label())
         return study
 
+    # -- reading the storage ---------------------------------------------------------------------------------
+    def _trials(self, study: optuna.Study) -> list[FrozenTrial]:
+        trials = study.get_trials(deepcopy=False)
+        if not isinstance(self.storage, optuna.storages.RDBStorage):
+            self._expire(study, trials)
+            trials = study.get_trials(deepcopy=False)
+        return trials
+
+    def _expire(self, study: optuna.Study, trials: list[FrozenTrial]) -> None:
+        """No heartbeat here: fail trials RUNNING past the lease and put their work back, as the heartbeat would."""
+        now = datetime.now()
+        for t in trials:
+            if t.state == TrialState.RUNNING and t.datetime_start is not None and \
+                    now - t.datetime_start > timedelta(seconds=self.lease_s):
+                try:
+                    self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                except Exception:  # another worker expired it first
+                    continue
+                _retry()(study, t)
+
     @staticmethod
-    def finished(study: optuna.Study) -> list[TrialResult]:
-        out = []
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+    def finished(trials: list[FrozenTrial], kind: str = TRIAL) -> list[TrialResult]:
+        """Results of every config measured, once each (the lowest trial number stands for its config)."""
+        out: dict[str, TrialResult] = {}
+        for t in sorted(trials, key=lambda t: t.number):
             cfg = t.user_attrs.get("config")
-            if cfg is None:
+            if cfg is None or _kind(t) != kind or not _measured(t) or _config_id(cfg) in out:
                 continue
-            out.append(TrialResult(dict(cfg), t.value if t.state == TrialState.COMPLETE else None,
-                                   dict(t.user_attrs.get("info", {}))))
-        return out
+            value = t.value if t.state == TrialState.COMPLETE else None
+            out[_config_id(cfg)] = TrialResult(dict(cfg), value, dict(t.user_attrs.get("info", {})))
+        return list(out.values())
+
+    # -- claiming and running work ---------------------------------------------------------------------------
+    def _claim(self, study: optuna.Study, key: Key, impl: Impl, handlers: dict[str, Callable[[dict], TrialResult]],
+               on_trial: Callable[[TrialResult], None]) -> None:
+        """Take one trial from the storage (the oldest waiting, else a new one from the sampler) and run it."""
+        fixed = {p: impl.default[p] for p in impl.backward_params} if key.mode == "inference" else {}
+        free = {p: tuple(v) for p, v in impl.space.items() if p not in fixed}
+
+        def objective(trial: optuna.Trial) -> float:
+            kind = trial.user_attrs.get("kind", TRIAL)
+            values = {p: trial.suggest_categorical(p, list(v)) for p, v in free.items()}
+            cfg = {p: fixed.get(p, values.get(p)) for p in impl.space}
+            trial.set_user_attr("kind", kind)
+            trial.set_user_attr("config", cfg)
+            if kind not in handlers or not impl.allows(cfg, key) or self._taken(study, trial.number, kind, cfg):
+                raise optuna.TrialPruned()
+            res = handlers[kind](cfg)
+            trial.set_user_attr("info", res.info)
+            on_trial(res)
+            if res.failed:
+                raise _Failed(res.info.get("error", "failed"))
+            return res.speedup
+
+        study.optimize(objective, n_trials=1, catch=(_Failed,))
+
+    @staticmethod
+    def _taken(study: optuna.Study, number: int, kind: str, cfg: dict[str, int]) -> bool:
+        """Whether an earlier trial already stands for this (kind, config): then this one steps back."""
+        cid = _config_id(cfg)
+        return any(t.number < number and _kind(t) == kind and _config_id(t.user_attrs.get("config") or {}) == cid
+                   and _holds(t) for t in study.get_trials(deepcopy=False))
+
+    def _enqueue(self, study: optuna.Study, impl: Impl, key: Key, cfg: dict[str, int], kind: str) -> None:
+        fixed = set(impl.backward_params) if key.mode == "inference" else set()
+        study.enqueue_trial({p: v for p, v in cfg.items() if p not in fixed}, user_attrs={"kind": kind})
 
     def run(self, key: Key, impl: Impl, evaluate: Callable[[dict[str, int]], TrialResult],
             stop: Callable[[], bool] = lambda: False,
-            on_trial: Callable[[TrialResult], None] = lambda r: None) -> list[TrialResult]:
-        """Run the trials the study still lacks; returns every finished trial (old and new)."""
+            on_trial: Callable[[TrialResult], None] = lambda r: None) -> tuple[list[TrialResult], bool]:
+        """Claim and run the trials this study still needs while any are unclaimed.
+
+        Returns every finished trial (this worker's and others') and whether the search is complete: false
+        while other workers still run some of its trials (come back later) or when ``stop`` ended it."""
         study = self.study(key, impl)
-        done = self.finished(study)
         allowed = impl.configs(key)
-        fixed = {p: impl.default[p] for p in impl.backward_params} if key.mode == "inference" else {}
-        free = {p: tuple(v) for p, v in impl.space.items() if p not in fixed}
-        dists = {p: CategoricalDistribution(v) for p, v in free.items()}
-
-        def record(trial_params: dict, res: TrialResult) -> None:
-            attrs = {"config": res.config, "info": res.info}
-            if res.failed:
-                study.add_trial(create_trial(params=trial_params, distributions=dists, state=TrialState.FAIL,
-                                             user_attrs=attrs))
-            else:
-                study.add_trial(create_trial(params=trial_params, distributions=dists, value=res.speedup,
-                                             user_attrs=attrs))
-            done.append(res)
-            on_trial(res)
-
-        if len(allowed) <= self.trials:  # exhaustive
-            seen = {_config_id(r.config) for r in done}
-            for cfg in allowed:
-                if stop():
-                    break
-                if _config_id(cfg) not in seen:
-                    record({p: cfg[p] for p in free}, evaluate(cfg))
-            return done
-
+        exhaustive = len(allowed) <= self.trials
         attempts = 0
-        while sum(1 for _ in done) < self.trials and attempts < 20 * self.trials and not stop():
+        while not stop() and attempts < 20 * self.trials:
+            trials = self._trials(study)
+            done = self.finished(trials)
+            mine = [t for t in trials if _kind(t) == TRIAL]
+            held = {_config_id(t.user_attrs["config"]) for t in mine if _holds(t) and "config" in t.user_attrs}
+            waiting = any(t.state == TrialState.WAITING for t in trials)
+            running = any(t.state == TrialState.RUNNING for t in mine)
+            if exhaustive:
+                missing = [c for c in allowed if _config_id(c) not in held]
+                if not missing and not waiting:
+                    return done, not running
+                if missing and not waiting:
+                    self._enqueue(study, impl, key, missing[0], TRIAL)
+            elif len(done) + sum(t.state == TrialState.RUNNING for t in mine) >= self.trials and not waiting:
+                return done, not running
             attempts += 1
-            trial = study.ask()
-            cfg = {p: trial.suggest_categorical(p, list(v)) for p, v in free.items()}
-            cfg = {p: (fixed[p] if p in fixed else cfg[p]) for p in impl.space}
-            if not impl.allows(cfg, key) or _config_id(cfg) in {_config_id(r.config) for r in done}:
-                study.tell(trial, state=TrialState.PRUNED)
-                continue
-            res = evaluate(cfg)
-            trial.set_user_attr("config", res.config)
-            trial.set_user_attr("info", res.info)
-            if res.failed:
-                study.tell(trial, state=TrialState.FAIL)
-            else:
-                study.tell(trial, res.speedup)
-            done.append(res)
-            on_trial(res)
-        return done
+            self._claim(study, key, impl, {TRIAL: evaluate}, on_trial)
+        trials = self._trials(study)
+        return self.finished(trials), not stop() and not any(
+            t.state == TrialState.RUNNING and _kind(t) == TRIAL for t in trials)
 
-    def final(self, key: Key, impl: Impl) -> dict[str, Any] | None:
-        """The stored final measurement of this (key, impl), if a run completed it."""
-        return self.study(key, impl).user_attrs.get("final")
+    def final(self, key: Key, impl: Impl, config: dict[str, int], measure: Callable[[dict[str, int]], dict],
+              evaluate: Callable[[dict[str, int]], TrialResult],
+              stop: Callable[[], bool] = lambda: False) -> dict[str, Any] | None:
+        """The stored final comparison of ``config``, measured here if no worker has; None while another
+        worker is measuring it (or when ``stop`` ended the wait). A config trial waiting in the study (a dead
+        worker's, put back) is run on the way (``evaluate``)."""
+        study = self.study(key, impl)
+        cid = _config_id(config)
 
-    def save_final(self, key: Key, impl: Impl, final: dict[str, Any]) -> None:
-        self.study(key, impl).set_user_attr("final", final)
+        def run_final(cfg: dict[str, int]) -> TrialResult:
+            m = measure(cfg)
+            return TrialResult(cfg, m.get("speedup"), {"measured": m, **({"error": m["error"]} if "error" in m
+                                                                         else {})})
+
+        for _ in range(20):
+            if stop():
+                return None
+            trials = self._trials(study)
+            mine = [t for t in trials if _kind(t) == FINAL and _config_id(t.user_attrs.get("config") or {}) == cid]
+            done = [t for t in sorted(mine, key=lambda t: t.number) if _measured(t)]
+            if done:
+                return dict(done[0].user_attrs["info"]["measured"])
+            waiting = any(t.state == TrialState.WAITING for t in trials)
+            if any(t.state == TrialState.RUNNING for t in mine) and not waiting:
+                return None
+            if not any(t.state == TrialState.WAITING for t in mine):
+                self._enqueue(study, impl, key, config, FINAL)
+            self._claim(study, key, impl, {FINAL: run_final, TRIAL: evaluate}, lambda r: None)
+        return None

@@ -13,12 +13,10 @@ import torch
 from torch import nn
 
 import nki_autotune.kernels as nk
-from nki_autotune.autotune.search import Search, open_storage
-from nki_autotune.autotune.tuner import Options, Tuner
 from nki_autotune.registry import Entry, TableError, explain, get_op, load_profile, ops, record, scope
 
 from .conftest import rmsnorm_key
-from .test_tuner import EagerCpu, FakeClock, QuietMeter
+from .test_tuner import FakeClock, tuner
 
 
 class Block(nn.Module):
@@ -49,14 +47,7 @@ def _train_and_eval(model, x):
 
 
 def _tune(tmp_path, profile):
-    be = EagerCpu()
-    clock = FakeClock(lambda cfg: 40.0)  # every kernel measures faster than the compiler
-    search = Search(open_storage(f"sqlite:///{tmp_path}/s.db"), be.fingerprint(), trials=2)
-    from nki_autotune.autotune.calibration import Calibration
-
-    tuner = Tuner(be, search, Options(trials=2, search_rounds=3, final_rounds=5, sets=1, pause_s=0), clock=clock,
-                  calibration=Calibration(be, clock, QuietMeter()))
-    table = tuner.tune(profile)
+    table = tuner(tmp_path, FakeClock(lambda cfg: 40.0), trials=2).tune(profile)  # every kernel wins
     path = tmp_path / "dispatch.yaml"
     table.save(path)
     return table, str(path)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 from nki_autotune.autotune.calibration import Calibration, LoadMeter
+from nki_autotune.autotune.measure import LocalBench
 from nki_autotune.autotune.search import Search, open_storage
 from nki_autotune.autotune.timing import Clock
 from nki_autotune.autotune.tuner import Options, Tuner
@@ -34,9 +37,9 @@ class FakeClock(Clock):
         self.calls = 0
 
     def time(self, runner, i):
-        runner.step(i)  # still run it: failures must surface as they would
-        if runner.name == "calibration":
+        if runner.name == "calibration":  # fixed work: no need to run it again
             return self.calibration_us * 1e-6
+        runner.step(i)  # still run it: failures must surface as they would
         self.calls += 1
         if runner.name == "empty":
             us = self.empty_us
@@ -63,11 +66,17 @@ def site(shape=(64, 128), dtype="float32", grad=True, label="model.norm"):
     return Site("rmsnorm", specs, {"eps": 1e-6}, label)
 
 
-def tuner(tmp_path, clock, trials=20, meter=None, **kw):
+def local(be, options, clock, meter=None):
+    """Measurement in this process with the injected clock and load meter, and no machine-wide lock."""
+    return LocalBench(be, options.measure(), clock=clock, calibration=Calibration(be, clock, meter or QuietMeter()),
+                      lock=contextlib.nullcontext)
+
+
+def tuner(tmp_path, clock, trials=20, meter=None, storage=None, **kw):
     be = EagerCpu()
-    search = Search(open_storage(f"sqlite:///{tmp_path}/studies.db"), be.fingerprint(), trials=trials)
-    return Tuner(be, search, Options(trials=trials, search_rounds=5, final_rounds=12, sets=2, pause_s=0, **kw),
-                 clock=clock, calibration=Calibration(be, clock, meter or QuietMeter()))
+    search = Search(open_storage(storage or f"sqlite:///{tmp_path}/studies.db"), be.fingerprint(), trials=trials)
+    options = Options(trials=trials, search_rounds=5, final_rounds=12, sets=2, pause_s=0, poll_s=0.05, **kw)
+    return Tuner(be, search, local(be, options, clock, meter), options)
 
 
 def fast_when(threads=2, rows=16, us=40.0, other=90.0):
@@ -144,23 +153,23 @@ def test_killed_run_resumes_without_redoing_trials_and_a_second_run_measures_not
     n_configs = len(IMPL.configs(Profile([key_site]).keys({"rmsnorm": get_op("rmsnorm")}).popitem()[0]))
     evaluated = []
     t1 = tuner(tmp_path, FakeClock(fast_when()))
-    orig = t1._evaluate
+    orig = t1.bench.trial
 
-    def dying(get_bench, impl, config, samples):
+    def dying(key, impl, config, samples=None):
         if len(evaluated) == 3:
             raise KeyboardInterrupt  # killed mid-run
         evaluated.append(config)
-        return orig(get_bench, impl, config, samples)
+        return orig(key, impl, config, samples)
 
-    monkeypatch.setattr(t1, "_evaluate", dying)
+    monkeypatch.setattr(t1.bench, "trial", dying)
     with pytest.raises(KeyboardInterrupt):
         t1.tune(Profile([key_site]))
     assert len(evaluated) == 3
 
     resumed = []
     t2 = tuner(tmp_path, FakeClock(fast_when()))
-    orig2 = t2._evaluate
-    monkeypatch.setattr(t2, "_evaluate", lambda gb, impl, cfg, s: resumed.append(cfg) or orig2(gb, impl, cfg, s))
+    orig2 = t2.bench.trial
+    monkeypatch.setattr(t2.bench, "trial", lambda k, i, cfg, s=None: resumed.append(cfg) or orig2(k, i, cfg, s))
     first = t2.tune(Profile([key_site]))
     assert len(resumed) == n_configs - 3 and not any(c in evaluated for c in resumed)
 
@@ -198,7 +207,7 @@ def test_tpe_runs_the_trial_budget_and_prunes_by_constraint(tmp_path):
     table = t.tune(Profile([site(shape=(256, 64))]))
     e = table.entries[0]
     study = t.search.study(e.key, IMPL)
-    finished = [tr for tr in study.trials if tr.state.name in ("COMPLETE", "FAIL")]
+    finished = [tr for tr in study.trials if tr.state.name in ("COMPLETE", "FAIL") and tr.user_attrs["kind"] == "trial"]
     assert len(finished) == 4
     assert all(IMPL.allows(tr.user_attrs["config"], e.key) for tr in finished)
 
@@ -215,7 +224,8 @@ def test_real_timing_smoke(tmp_path):
     """The real clock and the real compiler on one small key: an auditable entry, whichever wins."""
     be = get_backend("cpu")
     search = Search(open_storage(f"sqlite:///{tmp_path}/s.db"), be.fingerprint(), trials=2)
-    t = Tuner(be, search, Options(trials=2, search_rounds=3, final_rounds=5, sets=2, retries=0))
+    options = Options(trials=2, search_rounds=3, final_rounds=5, sets=2, retries=0)
+    t = Tuner(be, search, LocalBench(be, options.measure()), options)
     table = t.tune(Profile([site(shape=(32, 64), grad=False)]))
     m = table.entries[0].measured
     assert m["kernel_us"] > 0 and m["compiler_us"] > 0 and m["compile_s"]["compiler"] > 0
@@ -237,12 +247,10 @@ def test_journal_file_storage_is_shared_between_tuners(tmp_path):
     be = EagerCpu()
     url = f"journal:///{tmp_path}/studies.log"
     clock = FakeClock(fast_when())
-    first = Tuner(be, Search(open_storage(url), be.fingerprint(), trials=20),
-                  Options(trials=20, search_rounds=3, final_rounds=5, sets=2), clock=clock,
-                  calibration=Calibration(be, clock, QuietMeter()))
+    options = Options(trials=20, search_rounds=3, final_rounds=5, sets=2)
+    first = Tuner(be, Search(open_storage(url), be.fingerprint(), trials=20), local(be, options, clock), options)
     table = first.tune(Profile([site(shape=(32, 64))]))
     clock = FakeClock(fast_when())
-    second = Tuner(be, Search(open_storage(url), be.fingerprint(), trials=20), Options(trials=20), clock=clock,
-                   calibration=Calibration(be, clock, QuietMeter()))
+    second = Tuner(be, Search(open_storage(url), be.fingerprint(), trials=20), local(be, Options(), clock), Options())
     again = second.tune(Profile([site(shape=(32, 64))]))
     assert clock.calls == 0 and again.entries[0].config == table.entries[0].config

@@ -1,0 +1,177 @@
+"""Measuring in this process: one key's workload, a config's numerics and timing, the final comparison.
+
+``LocalBench`` is what a worker process runs (``worker.IsolatedBench`` sends it requests), and what tests run
+in-process with an injected clock. It keeps the current key's compiled compiler and empty regions warm across
+trials, and holds a machine-wide lock while it times, so workers sharing a machine never time at the same
+moment (compiling still overlaps).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..registry import Backend, Key, get_op
+from .calibration import Calibration
+from .numerics import check_impl
+from .search import TrialResult
+from .timing import Clock, Runner, Workload, choose_calls, comparison, interleave
+
+LOCK_PATH = os.path.join(tempfile.gettempdir(), "nki-autotune-measure.lock")
+
+
+@contextmanager
+def machine_lock(path: str = LOCK_PATH) -> Iterator[None]:
+    """Held while timing: one measurement at a time on this machine, whichever process or user runs it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            os.fchmod(fd, 0o666)  # other users' workers must be able to take it too
+        except OSError:
+            pass
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+@dataclass
+class MeasureOptions:
+    """What a measurement needs to know of the run's options (picklable: it crosses to the worker)."""
+
+    seed: int = 0
+    sets: int = 3
+    search_rounds: int = 15
+    final_rounds: int = 40
+    retries: int = 2
+    pause_s: float = 5.0
+    step_limit_s: float = 60.0
+    """One timed step slower than this is a failure of the config (a whole trial has its own time limit)."""
+
+
+@dataclass
+class _Bench:
+    workload: Workload
+    compiler: Runner
+    empty: Runner
+    kernels: dict[str, Runner] = field(default_factory=dict)
+
+
+def _sig(x: float, digits: int = 4) -> float:
+    return float(f"{x:.{digits}g}")
+
+
+class LocalBench:
+    def __init__(self, backend: Backend, options: MeasureOptions, clock: Clock | None = None,
+                 calibration: Calibration | None = None, lock=machine_lock, say=lambda message: None):
+        self.backend, self.options = backend, options
+        self.clock = clock or Clock(backend.synchronize)
+        self.calibration = calibration or Calibration(backend, self.clock)
+        self.lock, self.say = lock, say
+        self._key: Key | None = None
+        self._bench: _Bench | None = None
+        self._samples: dict | None = None
+        self._calibrated = False
+
+    # -- the current key ------------------------------------------------------------------------------------
+    def prepare(self, key: Key, samples: str | None = None) -> dict[str, Any]:
+        """Build (and compile) ``key``'s workload unless it is the current one; returns the calls per region."""
+        if self._key != key or self._bench is None:
+            self._bench = None
+            self._samples = torch.load(samples, weights_only=True) if samples else None
+            with self.lock():
+                if not self._calibrated:
+                    self.calibration.read()  # the first reading sets the bar
+                    self._calibrated = True
+                self._wait_until_quiet()
+            w = Workload(get_op(key.op), key, self.backend, sets=self.options.sets, seed=self.options.seed,
+                         samples=self._samples)
+            with self.lock():
+                calls, compiler, empty = choose_calls(w, self.clock)
+            self._bench, self._key = _Bench(w, compiler, empty), key
+        return {"calls": self._bench.workload.calls}
+
+    def _wait_until_quiet(self) -> None:
+        """Between keys: a disturbed calibration reading waits (a few times) for the machine to settle."""
+        for _ in range(self.options.retries):
+            why = self.calibration.disturbed(self.calibration.read())
+            if why is None:
+                return
+            self.say(f"machine disturbed ({why}); waiting {self.options.pause_s:.0f} s")
+            time.sleep(self.options.pause_s)
+
+    def _kernel(self, impl_name: str, config: dict[str, int]) -> Runner:
+        b = self._bench
+        k = f"{impl_name}{sorted(config.items())}"
+        if k not in b.kernels:
+            b.kernels[k] = b.workload.kernel(get_op(self._key.op).impls[impl_name], config)
+        return b.kernels[k]
+
+    def _measure(self, runner: Runner, rounds: int) -> dict[str, Any]:
+        """Compiler, kernel and empty region interleaved (the caller holds the machine lock)."""
+        b = self._bench
+        t = interleave([b.compiler, runner, b.empty], rounds, self.clock, limit_s=self.options.step_limit_s,
+                       seed=self.options.seed + rounds)
+        return comparison(t, runner.name, b.workload.calls, seed=self.options.seed)
+
+    # -- requests ------------------------------------------------------------------------------------------
+    def trial(self, key: Key, impl_name: str, config: dict[str, int], samples: str | None = None) -> TrialResult:
+        """Numerics of one config against the float64 reference, then its time against the compiler's."""
+        info: dict[str, Any] = {}
+        try:
+            self.prepare(key, samples)
+            impl = get_op(key.op).impls[impl_name]
+            gen = torch.Generator().manual_seed(self.options.seed + 1000 + len(self._bench.kernels))
+            num = check_impl(impl, key, config, gen, self.backend.device, self._samples)
+            info.update(rel_err=_sig(num.rel_err, 3) if num.rel_err == num.rel_err else "nan",
+                        tolerance=num.tolerance)
+            if not num.ok:
+                info["error"] = f"numerics: error {num.rel_err:.2e} above {num.tolerance:.0e} ({num.detail})"
+                return TrialResult(config, None, info)
+            runner = self._kernel(impl_name, config)
+            info["compile_s"] = round(runner.compile_s, 3)
+            with self.lock():
+                m = self._measure(runner, self.options.search_rounds)
+            info.update(kernel_us=m["kernel_us"], compiler_us=m["compiler_us"])
+            if "not_measurable" in m:
+                info["error"] = f"not measurable: {m['not_measurable']}"
+                return TrialResult(config, None, info)
+            return TrialResult(config, m["speedup"], info)
+        except Exception as e:  # a failing config is data, never a crash
+            info["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            return TrialResult(config, None, info)
+
+    def final(self, key: Key, impl_name: str, config: dict[str, int], samples: str | None = None) -> dict[str, Any]:
+        """The final comparison of one config, measured again after a pause while the machine is disturbed during
+        it; the result keeps the conditions of the measurement it reports."""
+        try:
+            self.prepare(key, samples)
+            runner = self._kernel(impl_name, config)
+        except Exception as e:
+            return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        cal = self.calibration
+        for attempt in range(self.options.retries + 1):
+            with self.lock():
+                cal.meter.start()
+                m = self._measure(runner, self.options.final_rounds)
+                others = cal.meter.stop()
+                reading = cal.read()
+            why = cal.disturbed(reading, others)
+            m["calibration"] = cal.record(reading, others, why)
+            if why is None or attempt == self.options.retries:
+                break
+            self.say(f"{key.label()}: machine disturbed ({why}); measuring again in {self.options.pause_s:.0f} s")
+            time.sleep(self.options.pause_s)
+        m["compile_s"] = {"kernel": round(runner.compile_s, 3), "compiler": round(self._bench.compiler.compile_s, 3)}
+        return m
+
+    def close(self) -> None:
+        self._bench = None

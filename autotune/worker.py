@@ -1,0 +1,205 @@
+"""Trials in a worker process (DESIGN §6.6): a config that crashes the process, hangs past the trial time
+limit or exhausts memory is a failed trial with that reason, and the run goes on.
+
+The worker (a spawned process running ``measure.LocalBench``) is kept warm across trials: the current key's
+compiled regions stay built. It is restarted after a crash or a kill. The tuner's own process only talks to
+the storage, so it never loses a trial that completed; and the worker dies with it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..registry import Key
+from .measure import LocalBench, MeasureOptions
+from .search import TrialResult
+
+
+class WorkerFailure(Exception):
+    """The worker could not answer: it crashed, timed out or ran out of memory (the message says which)."""
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills the worker when the tuner's process dies, even mid-kernel."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _serve(conn, backend: str, options: MeasureOptions, imports: list[str]) -> None:
+    """The worker's main loop: requests in, results (or the error) out."""
+    _die_with_parent()
+    import importlib
+
+    import nki_autotune.kernels  # noqa: F401  (registers every op)
+
+    from ..registry import get_backend
+
+    for name in imports:
+        importlib.import_module(name)
+    bench = LocalBench(get_backend(backend), options, say=lambda message: conn.send(("note", message)))
+    while True:
+        try:
+            kind, args = conn.recv()
+        except EOFError:
+            return
+        try:
+            conn.send(("ok", getattr(bench, kind)(*args)))
+        except Exception as e:
+            conn.send(("error", f"{type(e).__name__}: {str(e)[:300]}"))
+
+
+def _rss_bytes(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def default_memory_limit() -> int | None:
+    """80% of the machine's memory (None where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(int(line.split()[1]) * 1024 * 0.8)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class Worker:
+    """One worker process, started on demand and restarted after it dies."""
+
+    def __init__(self, backend: str, options: MeasureOptions, imports: list[str] | None = None,
+                 memory_limit: int | None = None, say: Callable[[str], None] = lambda message: None):
+        self.backend, self.options, self.imports = backend, options, list(imports or ())
+        self.memory_limit, self.say = memory_limit, say
+        self._proc = self._conn = None
+        self.starts = 0
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")  # fork would copy the tuner's threads and torch state
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, self.backend, self.options, self.imports), daemon=True,
+                                 name="nki-autotune-worker")
+        self._proc.start()
+        child.close()
+        self.starts += 1
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            if self._proc.is_alive():
+                self._proc.kill()
+            self._proc.join(5)
+        self._proc = self._conn = None
+
+    def call(self, kind: str, args: tuple, timeout: float) -> Any:
+        if not self.alive:
+            self._kill()
+            self._start()
+        self._conn.send((kind, args))
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                ready = self._conn.poll(0.2)
+            except (EOFError, OSError):
+                ready = False
+            if ready:
+                try:
+                    status, value = self._conn.recv()
+                except (EOFError, OSError):
+                    status, value = "died", None
+                if status == "note":
+                    self.say(value)
+                    continue
+                if status == "ok":
+                    return value
+                if status == "error":
+                    raise WorkerFailure(value)
+            if not self._proc.is_alive():
+                code = self._proc.exitcode
+                self._kill()
+                raise WorkerFailure(_death(code))
+            rss = _rss_bytes(self._proc.pid)
+            if self.memory_limit is not None and rss is not None and rss > self.memory_limit:
+                self._kill()
+                raise WorkerFailure(f"exhausted memory: the worker used {rss / 2**30:.1f} GiB, above the limit of "
+                                    f"{self.memory_limit / 2**30:.1f} GiB (--trial-memory)")
+            if time.monotonic() > deadline:
+                self._kill()
+                raise WorkerFailure(f"timed out after {timeout:.0f} s (--trial-timeout); the worker was killed")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except OSError:
+                pass
+        self._kill()
+
+
+def _death(code: int | None) -> str:
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name
+        extra = " (out of memory, or killed from outside)" if -code == signal.SIGKILL else ""
+        return f"the worker process died: killed by signal {name}{extra}"
+    return f"the worker process died: exit code {code}"
+
+
+class IsolatedBench:
+    """``LocalBench``'s requests, answered by a worker process under a time and memory limit."""
+
+    def __init__(self, backend: str, options: MeasureOptions, imports: list[str] | None = None,
+                 trial_timeout: float = 300.0, memory_limit: int | None = None,
+                 say: Callable[[str], None] = lambda message: None):
+        self.worker = Worker(backend, options, imports, memory_limit, say)
+        self.trial_timeout = trial_timeout
+        self.prepare_timeout = max(600.0, 4 * trial_timeout)  # compiling the compiler's regions takes longest
+        self._key: Key | None = None
+        self._starts = -1
+
+    def _ready(self, key: Key, samples: str | None) -> None:
+        if self._key != key or self._starts != self.worker.starts or not self.worker.alive:
+            self._key = None
+            try:
+                self.worker.call("prepare", (key, samples), self.prepare_timeout)
+            except WorkerFailure as e:
+                raise WorkerFailure(f"preparing {key.label()}: {e}") from None
+            self._key, self._starts = key, self.worker.starts
+
+    def trial(self, key: Key, impl: str, config: dict[str, int], samples: str | None = None) -> TrialResult:
+        try:
+            self._ready(key, samples)
+            return self.worker.call("trial", (key, impl, config, samples), self.trial_timeout)
+        except WorkerFailure as e:
+            return TrialResult(config, None, {"error": str(e)})
+
+    def final(self, key: Key, impl: str, config: dict[str, int], samples: str | None = None) -> dict[str, Any]:
+        try:
+            self._ready(key, samples)
+            o = self.worker.options  # retries after a disturbed measurement, each after a pause
+            return self.worker.call("final", (key, impl, config, samples),
+                                    (o.retries + 1) * (self.trial_timeout + o.pause_s))
+        except WorkerFailure as e:
+            return {"error": str(e)}
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+__all__ = ["IsolatedBench", "Worker", "WorkerFailure", "default_memory_limit"]

@@ -1,0 +1,45 @@
+"""Isolated trials: impls that crash the worker, hang, return wrong values or exhaust memory are failed trials
+with their reasons; the run finishes and never picks them."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import optuna
+import yaml
+
+from nki_autotune.autotune.search import open_storage
+from nki_autotune.registry import load_table
+
+from .test_cli import cli
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_bad_impls_fail_with_their_reasons_and_the_run_goes_on(tmp_path):
+    prof = tmp_path / "p.yaml"
+    prof.write_text(yaml.safe_dump({"version": 2, "sites": [
+        {"op": "scale", "site": "m", "inputs": [{"shape": [64, 256], "dtype": "float32", "requires_grad": True}],
+         "attrs": {"alpha": 3.0}}]}))
+    out, db = tmp_path / "t.yaml", f"sqlite:///{tmp_path}/s.db"
+    t0 = time.monotonic()
+    r = cli("run", str(prof), "-o", str(out), "--import", "badplugin", "--storage", db, "--trial-timeout", "20",
+            "--trial-memory", "1", "--rounds", "3", "--final-rounds", "5", "--retries", "0",
+            env={"PYTHONPATH": str(DATA)})
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    assert elapsed < 240, elapsed
+    (entry,) = load_table(out).entries
+    assert entry.impl in (None, "cpu_good"), entry
+    errors = {}
+    for s in optuna.get_all_study_summaries(open_storage(db)):
+        study = optuna.load_study(study_name=s.study_name, storage=open_storage(db))
+        impl = s.study_name.split(":")[2]
+        errors[impl] = [t.user_attrs.get("info", {}).get("error", "") for t in study.trials if t.state.name == "FAIL"]
+    assert any("killed by signal SIGSEGV" in e for e in errors["cpu_segfault"]), errors
+    assert any("timed out after 20 s" in e for e in errors["cpu_hang"]), errors
+    assert any(e.startswith("numerics: error") for e in errors["cpu_wrong"]), errors
+    assert any("exhausted memory" in e or "MemoryError" in e or "SIGKILL" in e for e in errors["cpu_hog"]), errors
+    assert not errors["cpu_good"]
+    assert "no config of" not in entry.reason or "cpu_good" in entry.reason
