@@ -13,7 +13,7 @@ from nki_autotune.kernels.rmsnorm.nki import NKI_TILED, sbuf_bytes
 from nki_autotune.kernels.rmsnorm.op import RMSNORM
 from nki_autotune.registry import TensorSpec, explain, get_backend
 from nki_autotune.registry.neuron import NEURON, typed
-from nki_autotune.registry.nkisim import NkiError
+from nki_autotune.kernels.nki.interp import NkiError
 
 from .helpers import key_of
 
