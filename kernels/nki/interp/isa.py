@@ -263,7 +263,8 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         if not isinstance(bias, NkiTensor) and current().target.gen < 3:
             raise NkiError("nisa.activation: a scalar bias needs NeuronCore-v3 or later; pass a (P, 1) tile")
         x = x + _operand("activation", "bias", bias, p)
-    out = op.unary(x).astype(np.float32)
+    with np.errstate(all="ignore"):
+        out = op.unary(x).astype(np.float32)
     bad = _domain(op, x)
     if bad.any():
         lo, hi, sym = op.domain

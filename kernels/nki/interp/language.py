@@ -22,7 +22,8 @@ from .tensor import NkiTensor, new_tensor
 # -- buffers and dtypes ------------------------------------------------------------------------------------------
 sbuf, psum, hbm, private_hbm, shared_hbm = "sbuf", "psum", "private_hbm", "private_hbm", "shared_hbm"
 
-bool_, int8, int16, int32, uint8, uint16, uint32 = "bool_", "int8", "int16", "int32", "uint8", "uint16", "uint32"
+bool_, int8, int16, int32, int64 = "bool_", "int8", "int16", "int32", "int64"
+uint8, uint16, uint32 = "uint8", "uint16", "uint32"
 float16, bfloat16, float32, tfloat32 = "float16", "bfloat16", "float32", "tfloat32"
 float8_e4m3, float8_e4m3fn, float8_e5m2 = "float8_e4m3", "float8_e4m3fn", "float8_e5m2"
 
