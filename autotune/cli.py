@@ -244,6 +244,17 @@ def cmd_check(args, console: Console) -> int:
     return 1 if failed else 0
 
 
+# -- selftest ---------------------------------------------------------------------------------------------------
+
+
+def cmd_selftest(args, console: Console) -> int:
+    from .selftest import selftest
+
+    code, text = selftest(seed=args.seed, output=args.output)
+    console.print(text, markup=False, highlight=False)
+    return code
+
+
 # -- entry point --------------------------------------------------------------------------------------------------
 
 
@@ -295,6 +306,11 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--ops", default=None)
     c.add_argument("--seed", type=int, default=0)
     c.set_defaults(fn=cmd_check)
+
+    st = sub.add_parser("selftest", help="on a Trainium host: confirm the whole neuron path, print a report")
+    st.add_argument("-o", "--output", default=None, help="also write the report (Markdown) here")
+    st.add_argument("--seed", type=int, default=0)
+    st.set_defaults(fn=cmd_selftest)
     return p
 
 
