@@ -36,13 +36,17 @@ def _device(impl: Impl) -> tuple[str | None, str]:
     return None, b.why_unavailable() or ""
 
 
-def check_all(names: tuple[str, ...] | None = None, seed: int = 0) -> list[CheckRow]:
+def check_all(names: tuple[str, ...] | None = None, seed: int = 0, backend: str | None = None) -> list[CheckRow]:
+    """Every impl (of ``backend`` only, when given) on its op's examples, in both modes where the op has a
+    gradient."""
     rows = []
     gen = torch.Generator().manual_seed(seed)
     for op in ops().values():
         if names is not None and op.name not in names:
             continue
         for impl in op.impls.values():
+            if backend is not None and impl.backend != backend:
+                continue
             device, how = _device(impl)
             for inputs, extra in op.examples:
                 attrs = {**op.defaults, **extra}

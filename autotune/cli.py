@@ -343,6 +343,17 @@ def cmd_verify(args, console: Console) -> int:
     return 1 if r.slower or not r.numerics_ok else 0
 
 
+# -- selftest ---------------------------------------------------------------------------------------------------
+
+
+def cmd_selftest(args, console: Console) -> int:
+    from .selftest import selftest
+
+    code, text = selftest(seed=args.seed, output=args.output)
+    console.print(text, markup=False, highlight=False)
+    return code
+
+
 # -- entry point --------------------------------------------------------------------------------------------------
 
 
@@ -427,6 +438,12 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("-q", "--quiet", action="store_true")
     _imports(v)
     v.set_defaults(fn=cmd_verify)
+
+
+    st = sub.add_parser("selftest", help="on a Trainium host: confirm the whole neuron path, print a report")
+    st.add_argument("-o", "--output", default=None, help="also write the report (Markdown) here")
+    st.add_argument("--seed", type=int, default=0)
+    st.set_defaults(fn=cmd_selftest)
     return p
 
 

@@ -54,12 +54,13 @@ def open_storage(url: str | None, heartbeat_s: int = HEARTBEAT_S) -> Any:
         return JournalStorage(JournalFileBackend(path))
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
         os.makedirs(os.path.dirname(os.path.abspath(url.removeprefix("sqlite:///"))), exist_ok=True)
+    engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    if url == "sqlite:///:memory:":  # one process, one thread: nobody to hand work back to
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine)
     with warnings.catch_warnings():  # heartbeats are marked experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RDBStorage(
-            url, engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {},
-            heartbeat_interval=heartbeat_s, grace_period=3 * heartbeat_s,
-            heartbeat_stale_trial_callback=_retry())
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
+                                          grace_period=3 * heartbeat_s, heartbeat_stale_trial_callback=_retry())
 
 
 def _retry() -> RetryHeartbeatStaleTrialCallback:

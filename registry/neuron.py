@@ -1,7 +1,15 @@
-"""The neuron backend: NKI kernels against ``torch.compile(backend="neuron")``.
+"""The neuron backend: NKI kernels registered as TorchNeuron documents, against ``torch.compile(backend="neuron")``.
 
-Usable only where torch-neuronx and nki import and a neuron device is present;
-anywhere else it reports why, and nothing else is affected.
+TorchNeuron's integration (docs: torch/guides/how-to-work-with-nki.rst, torch/get-started/quickstart-nki-kernel.rst;
+source: torch_neuronx/nki_hop.py) has three parts: the kernel is an ``@nki.jit`` function; it is called through
+``wrap_nki(kernel)[grid]``, the only call the dispatcher-based tracing of ``torch.compile`` can see, with
+``grid = (logical cores,)``; and the torch-level function is registered with ``nki_op``, which infers the schema
+from its annotations, registers the function itself as the fake (so its body must trace under fake tensors:
+no data-dependent host code) and takes a backward with ``register_autograd``.
+
+Usable only where torch-neuronx and a real ``nki`` of the targeted version import and a neuron device is present;
+anywhere else it reports why, and nothing else is affected. Every TorchNeuron fact (platform target, logical
+cores, instance type) is read through TorchNeuron's own functions where they exist, here and nowhere else.
 """
 
 from __future__ import annotations
@@ -9,6 +17,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
+import re
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -16,6 +25,11 @@ from typing import Any
 import torch
 
 from .backend import register_backend
+
+NKI_TARGETED = (0, 7)
+"""The NKI release the kernels are written for: 0.7 (Neuron 2.33), which TorchNeuron's quickstart requires."""
+_LNC_VAR = "NEURON_LOGICAL_NC_CONFIG"
+_DMI_PRODUCT = "/sys/devices/virtual/dmi/id/product_name"
 
 
 def _version(dist: str) -> str:
@@ -25,14 +39,87 @@ def _version(dist: str) -> str:
         return "absent"
 
 
+def _module(name: str) -> Any | None:
+    try:
+        return importlib.import_module(name)
+    except Exception:  # an import error of any kind means: not here
+        return None
+
+
+def torchneuron(name: str) -> Callable[..., Any] | None:
+    """TorchNeuron's function ``name`` (``torch_neuronx.<name>`` or ``torch_neuronx.utils.<name>``), None elsewhere."""
+    for mod in ("torch_neuronx", "torch_neuronx.utils"):
+        fn = getattr(_module(mod), name, None)
+        if callable(fn):
+            return fn
+    return None
+
+
+def _parse(version: str) -> tuple[int, int] | None:
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def nki_problem() -> str | None:
+    """None where a real ``nki`` of the targeted release imports; else why the project's interpreter stands in."""
+    real = _module("nki")
+    if real is None:
+        return "nki cannot be imported"
+    version = _version("nki")
+    if version == "absent":
+        version = str(getattr(real, "__version__", "unknown"))
+    parsed = _parse(version)
+    wanted = ".".join(map(str, NKI_TARGETED))
+    if parsed is None or parsed < NKI_TARGETED:
+        return (f"nki {version} is older than {wanted}, the release these kernels are written for "
+                f"(Neuron 2.33: tracing specialization, nl.fori_loop, LNC checked by the compiler); upgrade nki")
+    return None
+
+
+def lnc_configured() -> int | None:
+    """The LNC degree configured here: TorchNeuron's ``get_logical_neuron_cores()`` (the variable, else the
+    instance's default), else ``NEURON_LOGICAL_NC_CONFIG``, else None (docs: nki.jit 2.33, nki/get-started/about/
+    lnc.rst)."""
+    fn = torchneuron("get_logical_neuron_cores")
+    raw = str(fn()) if fn is not None else os.environ.get(_LNC_VAR)
+    if raw is None:
+        return None
+    if raw.strip() not in ("1", "2"):
+        raise ValueError(f"{_LNC_VAR}={raw!r}: the logical NeuronCore degree must be 1 or 2")
+    return int(raw)
+
+
+def logical_cores() -> int:
+    """The LNC degree in force: the configured one, else 1, the default of ``nki.jit``."""
+    return lnc_configured() or 1
+
+
+def platform_target() -> str | None:
+    """TorchNeuron's ``get_platform_target()`` (trn2, trn3), None where TorchNeuron is absent."""
+    fn = torchneuron("get_platform_target")
+    return str(fn()) if fn is not None else None
+
+
+def instance_type() -> str:
+    """TorchNeuron's instance type where it reports one, else the machine's DMI product name."""
+    for name in ("get_instance_type", "_get_instance_type"):
+        fn = torchneuron(name)
+        if fn is not None:
+            return str(fn())
+    try:
+        with open(_DMI_PRODUCT) as f:
+            return f.readline().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
 @cache
 def _probe() -> str | None:
-    for mod in ("torch_neuronx", "nki"):
-        try:
-            importlib.import_module(mod)
-        except Exception as e:  # an import error of any kind means: not here
-            return (f"{mod} cannot be imported ({type(e).__name__}: {e}); "
-                    "install torch-neuronx and nki on a Trainium host")
+    if _module("torch_neuronx") is None:
+        return "torch_neuronx cannot be imported; install torch-neuronx and nki on a Trainium host (trn2, trn3)"
+    why = nki_problem()
+    if why is not None:
+        return why
     neuron = getattr(torch, "neuron", None)
     try:
         count = neuron.device_count() if neuron is not None else 0
@@ -43,19 +130,12 @@ def _probe() -> str | None:
     return None
 
 
-def _nki_op() -> Callable[..., Any] | None:
-    try:
-        import torch_neuronx
-    except Exception:
-        return None
-    return getattr(torch_neuronx, "nki_op", None)
-
-
 _TYPES = {"Tensor": "torch.Tensor", "float": "float", "int": "int", "bool": "bool"}
 
 
 def typed(fn: Callable[..., Any], schema: str) -> Callable[..., Any]:
-    """``fn(*args)`` as a function with the named, annotated parameters of ``schema`` (nki_op reads them)."""
+    """``fn(*args)`` as a function with the named, annotated parameters of ``schema`` (nki_op infers the schema
+    from them)."""
     args, ret = schema.split(" -> ")
     params = [p.split() for p in args.strip("()").split(", ") if p]
     outs = ret.strip("()").split(", ")
@@ -83,32 +163,33 @@ class NeuronBackend:
         return _probe() is None
 
     def synchronize(self) -> None:
-        import torch_neuronx
-
-        torch_neuronx.synchronize()
+        torchneuron("synchronize")()
 
     def compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         return torch.compile(fn, backend="neuron", fullgraph=True, dynamic=False)
 
     def custom_op(self, name: str, fn: Callable[..., Any], schema: str) -> Any:
-        """``torch_neuronx.nki_op`` where TorchNeuron provides it; elsewhere ``torch.library.custom_op`` for every
-        device, so the kernels also run on CPU tensors, through the NKI simulation (numerics only)."""
-        nki_op = _nki_op()
+        """``torch_neuronx.nki_op`` where TorchNeuron provides it (the body launches kernels through ``wrap_nki``:
+        see ``kernels.nki.launch``); elsewhere ``torch.library.custom_op`` for every device, so the kernels also run
+        on CPU tensors, through the NKI simulation (numerics only)."""
+        nki_op = torchneuron("nki_op")
         if nki_op is None:
             return torch.library.custom_op(name, fn, mutates_args=(), schema=schema)
         return nki_op(name, mutates_args={})(typed(fn, schema))
 
     def fingerprint(self) -> dict[str, Any]:
-        """Everything in the neuron compile-cache key, plus the kernel language."""
+        """What changes compiled code or timings, read from TorchNeuron where it says: a table tuned on trn2 at LNC=2
+        does not apply on trn3 or at LNC=1."""
         return {
             "backend": self.name,
-            "device": os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "detected"),
+            "device": platform_target() or "unknown",
+            "logical_cores": logical_cores(),
+            "instance_type": instance_type(),
             "torch": str(torch.__version__),
             "compiler": "neuronx-cc " + _version("neuronx-cc"),
             "torch_neuronx": _version("torch-neuronx"),
             "nki": _version("nki"),
             "neuron_cc_flags": os.environ.get("NEURON_CC_FLAGS", ""),
-            "logical_nc_config": os.environ.get("NEURON_LOGICAL_NC_CONFIG", "default"),
         }
 
 

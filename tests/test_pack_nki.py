@@ -1,5 +1,7 @@
-"""Every NKI impl of the pack through the interpreter, on trn2 and trn3: forward and backward against the
-float64 reference on each op's examples and on fresh shapes, every admitted config within the limits."""
+"""Every NKI impl of the pack through the simulation (the real ``nki.simulate`` where nki 0.7 is installed, else the
+interpreter), on trn2 at LNC=1 and trn3 at LNC=2 (each program of the launch takes its share of the work): forward
+and backward against the float64 reference on each op's examples and on fresh shapes, every admitted config within
+the limits, and indices outside their table rejected by the kernels' own bounds checks."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import pytest
 import torch
 
 from nki_autotune.autotune.numerics import check_impl
+from nki_autotune.kernels.nki import REAL
+from nki_autotune.kernels.nki.interp import NkiError
 from nki_autotune.registry import Key, ops
 
 from .helpers import key_of
@@ -17,10 +21,12 @@ NKI_IMPLS = [impl for op in ops().values() for impl in op.impls.values() if impl
 SEED = random.SystemRandom().randrange(2**31)
 
 
-@pytest.fixture(params=["trn2", "trn3"])
+@pytest.fixture(params=[("trn2", "1"), ("trn3", "2")], ids=lambda p: f"{p[0]}-lnc{p[1]}")
 def target(request, monkeypatch):
-    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", request.param)
-    return request.param
+    name, lnc = request.param
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", name)
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", lnc)
+    return name
 
 
 def _keys(impl):
@@ -59,9 +65,10 @@ def _fresh_key(name: str, rng: random.Random, dtype: str) -> Key:
     return key_of(name, "training", shapes[0], shapes[1])
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype, lnc", [("float32", "1"), ("bfloat16", "2")])
 @pytest.mark.parametrize("impl", NKI_IMPLS, ids=lambda i: f"{i.qualname}-seed{SEED}")
-def test_fresh_shapes(impl, dtype):
+def test_fresh_shapes(impl, dtype, lnc, monkeypatch):
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", lnc)
     rng = random.Random(SEED + hash(impl.qualname) % 1000)
     key = _fresh_key(impl.op.name, rng, dtype)
     why = impl.supports(key.inputs, key.attr_dict)
@@ -71,6 +78,10 @@ def test_fresh_shapes(impl, dtype):
     assert res.ok, (key.label(), cfg, res)
 
 
+OOB = pytest.mark.skipif(REAL, reason="the interpreter's error type; the real simulator raises its own")
+
+
+@OOB
 def test_nki_embedding_and_segment_sum_sum_repeated_indices_and_reject_out_of_range():
     emb = ops()["embedding"].impls["nki_gather"]
     ids = torch.tensor([[3, 3, 3], [0, 3, 1]])
@@ -79,8 +90,23 @@ def test_nki_embedding_and_segment_sum_sum_repeated_indices_and_reject_out_of_ra
     torch.testing.assert_close(out, torch.nn.functional.embedding(ids, w.detach()))
     out.sum().backward()
     torch.testing.assert_close(w.grad, torch.tensor([1.0, 1, 0, 4, 0]).unsqueeze(1).expand(5, 4))
-    with pytest.raises(IndexError, match="index out of range in self"):
-        emb.fwd_op(torch.tensor([5]), w.detach(), 128, 512)
+    for bad in (5, -1, 2**40):  # past the end, negative, and beyond int32 (saturated, not wrapped into range)
+        with pytest.raises(NkiError, match="outside .*oob_mode=error"):
+            emb.fwd_op(torch.tensor([1, bad]), w.detach(), 128, 512)
     seg = ops()["segment_sum"].impls["nki_matmul"]
-    with pytest.raises(RuntimeError, match="index 9 is out of bounds for dimension 0 with size 4"):
+    torch.testing.assert_close(seg.fwd_op(torch.ones(3, 2), torch.tensor([0, 3, 3]), 4, 128, 512),
+                               torch.tensor([[1.0, 1], [0, 0], [0, 0], [2, 2]]))
+    with pytest.raises(NkiError, match="outside .*oob_mode=error"):
         seg.fwd_op(torch.randn(2, 3), torch.tensor([0, 9]), 4, 128, 512)
+
+
+@OOB
+def test_nki_cross_entropy_checks_targets_in_the_kernel_and_skips_ignored_rows():
+    ce = ops()["cross_entropy"].impls["nki_online"]
+    x = torch.randn(3, 700)  # one full chunk of 512 in the compiled loop, a tail of 188
+    target = torch.tensor([5, -100, 699])
+    loss = ce.fwd_op(x, target, -100, 128, 512)[0]
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(x, target))
+    for bad in (700, -3):
+        with pytest.raises(NkiError, match="outside .*oob_mode=error"):
+            ce.fwd_op(x, torch.tensor([5, bad, 0]), -100, 128, 512)

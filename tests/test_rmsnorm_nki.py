@@ -1,19 +1,16 @@
-"""The NKI RMSNorm through the interpreter, and the neuron backend on a machine without Neuron."""
+"""The NKI RMSNorm through the simulation: numerics on trn2 and trn3, the limits its constraint follows, and what
+it declines."""
 
 from __future__ import annotations
-
-import sys
-import types
 
 import pytest
 import torch
 
 from nki_autotune.autotune.numerics import check_impl
+from nki_autotune.kernels.nki.interp import NkiError
 from nki_autotune.kernels.rmsnorm.nki import NKI_TILED, sbuf_bytes
 from nki_autotune.kernels.rmsnorm.op import RMSNORM
 from nki_autotune.registry import TensorSpec, explain, get_backend
-from nki_autotune.registry.neuron import NEURON, typed
-from nki_autotune.registry.nkisim import NkiError
 
 from .helpers import key_of
 
@@ -71,37 +68,11 @@ def test_supports_declines_what_it_cannot_do(monkeypatch):
     assert NKI_TILED.supports((spec((4, 64), "bfloat16"), spec((64,), "bfloat16")), {}) is None
 
 
-def test_neuron_backend_is_unavailable_here_and_dispatch_never_picks_its_impls(switches):
+def test_dispatch_never_picks_nki_impls_where_the_neuron_backend_is_unavailable(switches):
     neuron = get_backend("neuron")
-    assert not neuron.available() and "torch_neuronx cannot be imported" in neuron.why_unavailable()
+    if neuron.available():
+        pytest.skip("the neuron backend is available on this host")
     switches(NKI_AUTOTUNE_KERNEL_RMSNORM="nki_tiled")
     exp = explain("rmsnorm", torch.randn(4, 64), torch.randn(64))
     assert exp.path == "compiler" and "backend neuron unavailable" in exp.reason
     assert RMSNORM.impls["cpu_rows"].fwd_op is not None  # the cpu impl is unaffected
-
-
-def test_nki_op_registration_where_torchneuron_provides_it(monkeypatch):
-    """With a TorchNeuron that has nki_op, impls register through it, with an annotated signature."""
-    seen = {}
-
-    def nki_op(name, mutates_args):
-        def wrap(fn):
-            seen["annotations"] = dict(fn.__annotations__)
-            return torch.library.custom_op(name, fn, mutates_args=())
-
-        return wrap
-
-    monkeypatch.setitem(sys.modules, "torch_neuronx", types.SimpleNamespace(nki_op=nki_op))
-    op = NEURON.custom_op("nki_autotune::test_nki_op_path", lambda x, s, n: (x * s, x + n),
-                          "(Tensor x, float s, int n) -> (Tensor, Tensor)")
-    x = torch.randn(3)
-    a, b = op(x, 2.0, 1)
-    torch.testing.assert_close(a, x * 2)
-    torch.testing.assert_close(b, x + 1)
-    assert seen["annotations"] == {"x": torch.Tensor, "s": float, "n": int, "return": tuple[torch.Tensor, torch.Tensor]}
-
-
-def test_typed_wrapper_keeps_names_and_order():
-    f = typed(lambda *a: a, "(Tensor x, Tensor weight, float eps, int rows_per_tile) -> Tensor")
-    assert list(f.__annotations__) == ["x", "weight", "eps", "rows_per_tile", "return"]
-    assert f(1, 2, 3.0, 4) == (1, 2, 3.0, 4)

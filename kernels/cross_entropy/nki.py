@@ -1,27 +1,69 @@
 """Cross-entropy in NKI: rows on partitions, the vocabulary in chunks with an online log-sum-exp (running
 max, exp(m_old - m_new) correction) that leaves the target's own term out, the target logit picked by an
-iota/equal mask on the fly. Only the per-row loss, lse and 1 - p_target leave the chip; backward writes
-exp(logit - lse) off the target and -(1 - p_target) on it, scaled, chunk by chunk."""
+equal mask on the fly. Only the per-row loss, lse and 1 - p_target leave the chip; backward writes
+exp(logit - lse) off the target and -(1 - p_target) on it, scaled, chunk by chunk.
+
+NKI 0.7 unrolls Python loops at specialization (docs: nki/deep-dives/nki-loops.rst), so the full chunks of a row
+tile run as one ``nl.fori_loop`` (2048 x 32000 would otherwise unroll about a thousand chunk bodies): the chunk's
+column start is a run-time NkiScalar, used as the ``scalar_offset`` of its DMAs, and the running state (max, sum,
+picked logit, the target shifted to the chunk) lives in SBUF tiles updated in place. The short last chunk is
+straight code. Targets are bounds-checked in the kernel (an out-of-range target, not ignored, fails its DMA), and
+the programs of an LNC launch take disjoint row tiles.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ...registry.nki import nisa, nki, nl
-from .._nki import ROWS, fits_sbuf, run, tiles
+from ..nki import nisa, nki, nl
+from ..nki.launch import int32_column, run
+from ..nki.tiles import ROWS, check_rows, fits_sbuf, indirect_problem, mine, tiles
 from .op import CROSS_ENTROPY, fake, shape_problem
 
 CHUNK = (512, 2048)
 
 
-def _onehot(dst, target_f, c0, m, n):
-    """dst[p, j] = 1.0 where the row's target is column c0 + j (float32 equality of small ints is exact)."""
-    p = dst.shape[0]
-    io = nl.ndarray((p, dst.shape[1]), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.iota(dst=io[0:n, 0:m], pattern=[[1, m]], offset=c0)
-    nisa.tensor_copy(dst=dst[0:n, 0:m], src=io[0:n, 0:m])
-    nisa.tensor_scalar(dst=dst[0:n, 0:m], data=dst[0:n, 0:m], op0=nl.equal, operand0=target_f[0:n, :])
+def _cols(t, r0, n, c0, w):
+    """Columns [c0, c0 + w) of rows [r0, r0 + n) of the HBM [N, V] tensor t: a slice for a static c0, a run-time
+    start on the column dim for an NkiScalar c0 (``scalar_offset`` with ``indirect_dim=1``; nki-aps.rst)."""
+    if isinstance(c0, int):
+        return t[r0:r0 + n, c0:c0 + w]
+    v = t.shape[1]
+    return t.ap(pattern=[[v, n], [1, w]], offset=r0 * v, scalar_offset=c0, indirect_dim=1)
+
+
+def _over_chunks(v, chunk, step):
+    """step(c0, w) over the vocabulary, in order: the full chunks as one compiled loop, then the tail."""
+    full = v // chunk
+    if full:
+        nl.fori_loop(0, full, lambda i: step(i * chunk, chunk))
+    if v % chunk:
+        step(full * chunk, v % chunk)
+
+
+def _columns(p, chunk):
+    """[p, chunk] float32 tile of the column numbers 0..chunk-1 (iota in int32, then converted)."""
+    io = nl.ndarray((p, chunk), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.iota(dst=io, pattern=[[1, chunk]], offset=0)
+    cols = nl.ndarray((p, chunk), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=cols, src=io)
+    return cols
+
+
+def _targets(target, r0, n, p, ignore_index, table):
+    """The row tile's targets as float32 (p, 1) (exact below 2^24) and its valid mask, after checking every target
+    of a row that is not ignored against the vocabulary (``table`` has one row per class)."""
+    tf = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tf[0:n, :], src=target[r0:r0 + n, :])
+    valid = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=valid[0:n, :], data=tf[0:n, :], op0=nl.not_equal, operand0=float(ignore_index))
+    safe = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)  # class 0 stands in for ignored rows
+    nisa.tensor_tensor(dst=safe[0:n, :], data1=tf[0:n, :], data2=valid[0:n, :], op=nl.multiply)
+    idx = nl.ndarray((p, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=idx[0:n, :], src=safe[0:n, :])
+    check_rows(idx, n, table)
+    return tf, valid
 
 
 @nki.jit
@@ -33,18 +75,22 @@ def cross_entropy_fwd(logits, target, ignore_index, rows_per_tile, chunk):
     losses = nl.ndarray((n_rows, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     lse_out = nl.ndarray((n_rows, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     rest_out = nl.ndarray((n_rows, 1), dtype=nl.float32, buffer=nl.shared_hbm)
-    for _, r0, n in tiles(n_rows, p):
-        tf = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=tf[0:n, :], src=target[r0:r0 + n, :])
+    classes = nl.ndarray((v, 1), dtype=nl.float32, buffer=nl.hbm)  # bounds of the targets' check
+    cols = _columns(p, chunk)
+    for _, r0, n in mine(tiles(n_rows, p)):
+        tf, valid = _targets(target, r0, n, p, ignore_index, classes)
+        ts = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)  # the target's column within the chunk
+        nisa.tensor_copy(dst=ts[0:n, :], src=tf[0:n, :])
         m = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.memset(dst=m, value=-float("inf"))
         s = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)  # sum of exp(x - m) without the target
         nisa.memset(dst=s, value=0.0)
         pick = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.memset(dst=pick, value=0.0)
-        for _, c0, w in tiles(v, chunk):
+
+        def step(c0, w, r0=r0, n=n, ts=ts, m=m, s=s, pick=pick):
             xt = nl.ndarray((p, chunk), dtype=logits.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=xt[0:n, 0:w], src=logits[r0:r0 + n, c0:c0 + w])
+            nisa.dma_copy(dst=xt[0:n, 0:w], src=_cols(logits, r0, n, c0, w))
             cmax = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_reduce(dst=cmax[0:n, :], op=nl.maximum, data=xt[0:n, 0:w], axis=1)
             neg = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)  # -max(m, cmax)
@@ -52,8 +98,8 @@ def cross_entropy_fwd(logits, target, ignore_index, rows_per_tile, chunk):
             nisa.tensor_scalar(dst=neg[0:n, :], data=neg[0:n, :], op0=nl.multiply, operand0=-1.0)
             corr = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)  # exp(m_old - m_new)
             nisa.activation(dst=corr[0:n, :], op=nl.exp, data=m[0:n, :], bias=neg[0:n, :])
-            mask = nl.ndarray((p, chunk), dtype=nl.float32, buffer=nl.sbuf)
-            _onehot(mask, tf, c0, w, n)
+            mask = nl.ndarray((p, chunk), dtype=nl.float32, buffer=nl.sbuf)  # 1.0 at the target's column
+            nisa.tensor_scalar(dst=mask[0:n, 0:w], data=cols[0:n, 0:w], op0=nl.equal, operand0=ts[0:n, :])
             # the target's logit pushed to -1e30: its exponential leaves the sum without a subtraction
             e = nl.ndarray((p, chunk), dtype=nl.float32, buffer=nl.sbuf)
             nisa.scalar_tensor_tensor(dst=e[0:n, 0:w], data=mask[0:n, 0:w], op0=nl.multiply, operand0=-1e30,
@@ -68,8 +114,9 @@ def cross_entropy_fwd(logits, target, ignore_index, rows_per_tile, chunk):
             got = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_reduce(dst=got[0:n, :], op=nl.add, data=e[0:n, 0:w], axis=1)
             nisa.tensor_tensor(dst=pick[0:n, :], data1=pick[0:n, :], data2=got[0:n, :], op=nl.add)
-        valid = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=valid[0:n, :], data=tf[0:n, :], op0=nl.not_equal, operand0=float(ignore_index))
+            nisa.tensor_scalar(dst=ts[0:n, :], data=ts[0:n, :], op0=nl.subtract, operand0=float(w))
+
+        _over_chunks(v, chunk, step)
         # z = log(s) + (m - x_t): loss = softplus(z) = lse - x_t and 1 - p_target = sigmoid(z), neither
         # computed as a difference of nearly equal numbers when the target's probability is close to 1
         gap = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)  # m - x_t, 0 on ignored rows
@@ -103,9 +150,10 @@ def cross_entropy_bwd(logits, target, lse, rest, weight, rows_per_tile, chunk):
     n_rows, v = logits.shape
     p = rows_per_tile
     dlogits = nl.ndarray((n_rows, v), dtype=logits.dtype, buffer=nl.shared_hbm)
-    for _, r0, n in tiles(n_rows, p):
-        tf = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=tf[0:n, :], src=target[r0:r0 + n, :])
+    cols = _columns(p, chunk)
+    for _, r0, n in mine(tiles(n_rows, p)):
+        ts = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)  # the target's column within the chunk
+        nisa.dma_copy(dst=ts[0:n, :], src=target[r0:r0 + n, :])
         neg = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=neg[0:n, :], src=lse[r0:r0 + n, :])
         nisa.tensor_scalar(dst=neg[0:n, :], data=neg[0:n, :], op0=nl.multiply, operand0=-1.0)
@@ -114,13 +162,14 @@ def cross_entropy_bwd(logits, target, lse, rest, weight, rows_per_tile, chunk):
         nisa.tensor_scalar(dst=negrest[0:n, :], data=negrest[0:n, :], op0=nl.multiply, operand0=-1.0)
         wt = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=wt[0:n, :], src=weight[r0:r0 + n, :])
-        for _, c0, w in tiles(v, chunk):
+
+        def step(c0, w, r0=r0, n=n, ts=ts, neg=neg, negrest=negrest, wt=wt):
             xt = nl.ndarray((p, chunk), dtype=logits.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=xt[0:n, 0:w], src=logits[r0:r0 + n, c0:c0 + w])
+            nisa.dma_copy(dst=xt[0:n, 0:w], src=_cols(logits, r0, n, c0, w))
             e = nl.ndarray((p, chunk), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=e[0:n, 0:w], op=nl.exp, data=xt[0:n, 0:w], bias=neg[0:n, :])
             mask = nl.ndarray((p, chunk), dtype=nl.float32, buffer=nl.sbuf)
-            _onehot(mask, tf, c0, w, n)
+            nisa.tensor_scalar(dst=mask[0:n, 0:w], data=cols[0:n, 0:w], op0=nl.equal, operand0=ts[0:n, :])
             # (1 - mask) * e + mask * -rest: each term exact, one of the two is zero
             nisa.scalar_tensor_tensor(dst=e[0:n, 0:w], data=mask[0:n, 0:w], op0=nl.subtract, operand0=1.0,
                                       reverse0=True, op1=nl.multiply, operand1=e[0:n, 0:w])
@@ -128,22 +177,18 @@ def cross_entropy_bwd(logits, target, lse, rest, weight, rows_per_tile, chunk):
                                       operand0=negrest[0:n, :], op1=nl.add, operand1=e[0:n, 0:w])
             g = nl.ndarray((p, chunk), dtype=logits.dtype, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=g[0:n, 0:w], data=e[0:n, 0:w], op0=nl.multiply, operand0=wt[0:n, :])
-            nisa.dma_copy(dst=dlogits[r0:r0 + n, c0:c0 + w], src=g[0:n, 0:w])
+            nisa.dma_copy(dst=_cols(dlogits, r0, n, c0, w), src=g[0:n, 0:w])
+            nisa.tensor_scalar(dst=ts[0:n, :], data=ts[0:n, :], op0=nl.subtract, operand0=float(w))
+
+        _over_chunks(v, chunk, step)
     return dlogits
-
-
-def _check(target: torch.Tensor, v: int, ignore: int) -> None:
-    t = target[target != ignore]
-    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= v):
-        raise IndexError(f"Target {int(t.max()) if int(t.max()) >= v else int(t.min())} is out of bounds.")
 
 
 def forward(tensors, attrs, config):
     x, target = tensors
     ignore = attrs["ignore_index"]
-    _check(target, x.shape[1], ignore)
-    losses, lse, rest = run(cross_entropy_fwd, x.device)(x, target.reshape(-1, 1).to(torch.int32), ignore,
-                                                         config["rows_per_tile"], config["chunk"])
+    losses, lse, rest = run(cross_entropy_fwd, x.device)(x, int32_column(target), ignore, config["rows_per_tile"],
+                                                         config["chunk"])
     count = (target != ignore).sum()
     loss = losses.to(x.device).sum() / count  # 0/0 = nan when every target is ignored, as in PyTorch
     return loss.to(x.dtype), lse.reshape(-1).to(x.device), rest.reshape(-1).to(x.device)
@@ -153,7 +198,7 @@ def backward(grads, tensors, results, attrs, config):
     (g,), (x, target), (_, lse, rest) = grads, tensors, results
     valid = (target != attrs["ignore_index"]).to(torch.float32)
     weight = (valid * g / valid.sum()).reshape(-1, 1)
-    dx = run(cross_entropy_bwd, x.device)(x, target.reshape(-1, 1).to(torch.int32), lse.reshape(-1, 1),
+    dx = run(cross_entropy_bwd, x.device)(x, int32_column(target), lse.reshape(-1, 1),
                                           rest.reshape(-1, 1), weight, config["rows_per_tile"], config["chunk"])
     return (dx.to(x.device),)
 
@@ -167,7 +212,9 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
         return f"logits {x.dtype}, target {t.dtype} (supports float32/bfloat16 logits, int targets)"
     if x.shape[1] >= 1 << 24:
         return f"vocabulary {x.shape[1]} (targets are compared in float32: under 2^24)"
-    return None
+    if not -(2**31) <= attrs["ignore_index"] < 2**31:
+        return f"ignore_index={attrs['ignore_index']} (targets are int32 in the kernel)"
+    return indirect_problem()
 
 
 def constraint(config: dict, key: Key) -> bool:

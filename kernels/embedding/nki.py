@@ -1,13 +1,13 @@
-"""Embedding in NKI: rows gathered by indirect DMA; the weight gradient as a one-hot matmul on TensorE
-(duplicate ids are summed by the matmul itself, where a gather-add-scatter would lose them)."""
+"""Embedding in NKI: rows gathered by indirect DMA, whose bounds check (``oob_mode=error``) rejects an id outside
+the table; the weight gradient as a one-hot matmul on TensorE (duplicate ids are summed by the matmul itself, where
+a gather-add-scatter would lose them)."""
 
 from __future__ import annotations
 
-import torch
-
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ...registry.nki import nki, nl
-from .._nki import ROWS, fits_sbuf, gather_rows, run, segment_matmul
+from ..nki import nki, nl
+from ..nki.launch import int32_column, run
+from ..nki.tiles import ROWS, fits_sbuf, gather_rows, indirect_problem, segment_matmul
 from .op import EMBEDDING, fake
 
 CHUNK = (128, 512)
@@ -31,15 +31,13 @@ def embedding_bwd(dy, ids, vocab, rows_per_tile, chunk):
 
 def forward(tensors, attrs, config):
     ids, w = tensors
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= w.shape[0]):
-        raise IndexError("index out of range in self")
-    out = run(embedding_fwd, w.device)(ids.reshape(-1, 1).to(torch.int32), w, config["rows_per_tile"])
+    out = run(embedding_fwd, w.device)(int32_column(ids), w, config["rows_per_tile"])
     return (out.reshape(*ids.shape, w.shape[1]).to(w.device),)
 
 
 def backward(grads, tensors, results, attrs, config):
     (dy,), (ids, w) = grads, tensors
-    dw = run(embedding_bwd, w.device)(dy.reshape(-1, w.shape[1]), ids.reshape(-1, 1).to(torch.int32), w.shape[0],
+    dw = run(embedding_bwd, w.device)(dy.reshape(-1, w.shape[1]), int32_column(ids), w.shape[0],
                                      config["rows_per_tile"], config["chunk"])
     return (dw.to(w.dtype).to(w.device),)
 
@@ -48,6 +46,9 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     ids, w = specs
     if ids.dtype not in ("int64", "int32") or w.dtype not in ("float32", "bfloat16") or len(w.shape) != 2:
         return f"ids {ids.dtype}, weight {w.dtype} {list(w.shape)} (supports int ids, a float32/bfloat16 [V, D])"
+    why = indirect_problem()
+    if why:
+        return why
     if w.shape[0] >= 1 << 24:
         return f"vocabulary {w.shape[0]} (ids are compared in float32: under 2^24)"
     if not fits_sbuf(4 * w.shape[1] + 8):

@@ -10,6 +10,9 @@ Backward: dx = rstd * (dy * w) - x * rstd^3 * mean(dy * w * x) per row, and
 dweight = sum over rows of dy * x * rstd, a partition reduction done as a matmul
 with a ones column, accumulated across row tiles either in PSUM (one bank per
 ``chunk`` columns) or in an SBUF row.
+
+The programs of an LNC launch take disjoint row tiles; each writes its partial
+dweight to its own row of a [programs, D] output, summed on the host.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ import math
 import torch
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ...registry.nki import nisa, nki, nl
-from ...registry.nkisim.state import limits_target
-from .._nki import run
+from ..nki import nisa, nki, nl
+from ..nki.launch import run
+from ..nki.limits import limits_target
+from ..nki.tiles import mine, tiles
 from .op import RMSNORM, fake, shape_problem
 
 ROWS_PER_TILE = (32, 64, 128)
@@ -55,9 +59,7 @@ def rmsnorm_fwd(x, w, eps, rows_per_tile, chunk):
     rstd = nl.ndarray((n_rows, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     w_b = _broadcast_row(w, d, p, chunk)
     n_chunks = (d + chunk - 1) // chunk
-    for t in range((n_rows + p - 1) // p):
-        r0 = t * p
-        n = min(p, n_rows - r0)
+    for _, r0, n in mine(tiles(n_rows, p)):
         xt = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=xt[0:n, :], src=x[r0:r0 + n, :])
         sq = nl.ndarray((p, chunk), dtype=nl.float32, buffer=nl.sbuf)
@@ -83,22 +85,20 @@ def rmsnorm_fwd(x, w, eps, rows_per_tile, chunk):
 
 @nki.jit
 def rmsnorm_bwd(dy, x, w, rstd, rows_per_tile, chunk, dw_in_psum):
-    """dy, x: HBM [N, D]; w: [D]; rstd: [N, 1] float32 -> dx [N, D], dw [D]."""
+    """dy, x: HBM [N, D]; w: [D]; rstd: [N, 1] float32 -> dx [N, D], dw [programs, D] float32 (one partial sum per
+    program of the launch)."""
     n_rows, d = x.shape
     p = rows_per_tile
     dx = nl.ndarray((n_rows, d), dtype=x.dtype, buffer=nl.shared_hbm)
-    dw = nl.ndarray((d,), dtype=w.dtype, buffer=nl.shared_hbm)
+    dw = nl.ndarray((nl.num_programs(), d), dtype=nl.float32, buffer=nl.shared_hbm)
     w_b = _broadcast_row(w, d, p, chunk)
     ones = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
     n_chunks = (d + chunk - 1) // chunk
     acc_ps = [nl.ndarray((1, chunk), dtype=nl.float32, buffer=nl.psum) for _ in range(n_chunks if dw_in_psum else 0)]
     acc_sb = nl.ndarray((1, d), dtype=nl.float32, buffer=nl.sbuf)
-    if not dw_in_psum:
-        nisa.memset(dst=acc_sb, value=0.0)
-    for t in range((n_rows + p - 1) // p):
-        r0 = t * p
-        n = min(p, n_rows - r0)
+    nisa.memset(dst=acc_sb, value=0.0)  # a program may own no row tile: its partial is zero
+    for t, (_, r0, n) in enumerate(mine(tiles(n_rows, p))):
         dyt = nl.ndarray((p, d), dtype=dy.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=dyt[0:n, :], src=dy[r0:r0 + n, :])
         xt = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
@@ -136,12 +136,12 @@ def rmsnorm_bwd(dy, x, w, rstd, rows_per_tile, chunk, dw_in_psum):
                 nisa.nc_matmul(dst=ps[:, 0:m], stationary=ones[0:n, :], moving=g[0:n, c0:c0 + m], accumulate=False)
                 nisa.tensor_tensor(dst=acc_sb[:, c0:c0 + m], data1=acc_sb[:, c0:c0 + m], data2=ps[:, 0:m],
                                    op=nl.add)
-    if dw_in_psum:
+    if dw_in_psum and n_rows > nl.program_id(0) * p:  # the program accumulated at least one tile
         for ci in range(n_chunks):
             c0 = ci * chunk
             m = min(chunk, d - c0)
             nisa.tensor_copy(dst=acc_sb[:, c0:c0 + m], src=acc_ps[ci][:, 0:m])
-    nisa.dma_copy(dst=dw.reshape((1, d)), src=acc_sb)
+    nisa.dma_copy(dst=dw[nl.program_id(0):nl.program_id(0) + 1, :], src=acc_sb)
     return dx, dw
 
 
@@ -161,7 +161,7 @@ def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: 
     d = x.shape[-1]
     dx, dw = run(rmsnorm_bwd, x.device)(dy.reshape(-1, d), x.reshape(-1, d), w, rstd.reshape(-1, 1),
                                             config["rows_per_tile"], config["chunk"], config["dw_in_psum"])
-    return dx.reshape(x.shape).to(x.device), dw.to(x.device)
+    return dx.reshape(x.shape).to(x.device), dw.sum(0).to(w.dtype).to(x.device)
 
 
 def sbuf_bytes(d: int, dtype: str, config: dict, training: bool) -> int:
@@ -176,7 +176,7 @@ def sbuf_bytes(d: int, dtype: str, config: dict, training: bool) -> int:
 def psum_banks(d: int, config: dict, training: bool) -> int:
     if training and config["dw_in_psum"]:
         return -(-d // config["chunk"])
-    return 2  # one bank in use, the next allocated before the last is released
+    return 1  # the weight broadcast's bank, released after each chunk's copy
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:

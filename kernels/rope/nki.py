@@ -5,9 +5,17 @@ cos and sin tiles; backward also sums the cos and sin gradients over the heads i
 from __future__ import annotations
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ...registry.nki import nisa, nki, nl
-from .._nki import ROWS, fits_sbuf, run, tiles
+from ..nki import nisa, nki, nl
+from ..nki.launch import run
+from ..nki.tiles import ROWS, fits_sbuf, mine, tiles
 from .op import ROPE, fake, shape_problem
+
+
+def _positions(nb, ns, p):
+    """(batch, first position, positions) of every tile of p positions, batch by batch."""
+    for b in range(nb):
+        for _, s0, n in tiles(ns, p):
+            yield b, s0, n
 
 
 def _load(src, p, d, dtype, n):
@@ -39,15 +47,14 @@ def rope_fwd(q, k, cos, sin, rows_per_tile):
     half, p = d // 2, rows_per_tile
     qo = nl.ndarray(q.shape, dtype=q.dtype, buffer=nl.shared_hbm)
     ko = nl.ndarray(k.shape, dtype=k.dtype, buffer=nl.shared_hbm)
-    for b in range(nb):
-        for _, s0, n in tiles(ns, p):
-            c = _load(cos[b, s0:s0 + n, :], p, d, cos.dtype, n)
-            s = _load(sin[b, s0:s0 + n, :], p, d, sin.dtype, n)
-            for x, out, heads in ((q, qo, hq), (k, ko, hk)):
-                for h in range(heads):
-                    xt = _load(x[b, h, s0:s0 + n, :], p, d, x.dtype, n)
-                    r = _rotate(xt, c, s, n, half, x.dtype)
-                    nisa.dma_copy(dst=out[b, h, s0:s0 + n, :], src=r[0:n, :])
+    for b, s0, n in mine(_positions(nb, ns, p)):
+        c = _load(cos[b, s0:s0 + n, :], p, d, cos.dtype, n)
+        s = _load(sin[b, s0:s0 + n, :], p, d, sin.dtype, n)
+        for x, out, heads in ((q, qo, hq), (k, ko, hk)):
+            for h in range(heads):
+                xt = _load(x[b, h, s0:s0 + n, :], p, d, x.dtype, n)
+                r = _rotate(xt, c, s, n, half, x.dtype)
+                nisa.dma_copy(dst=out[b, h, s0:s0 + n, :], src=r[0:n, :])
     return qo, ko
 
 
@@ -61,38 +68,37 @@ def rope_bwd(gq, gk, q, k, cos, sin, rows_per_tile):
     dk = nl.ndarray(k.shape, dtype=k.dtype, buffer=nl.shared_hbm)
     dcos = nl.ndarray(cos.shape, dtype=cos.dtype, buffer=nl.shared_hbm)
     dsin = nl.ndarray(sin.shape, dtype=sin.dtype, buffer=nl.shared_hbm)
-    for b in range(nb):
-        for _, s0, n in tiles(ns, p):
-            c = _load(cos[b, s0:s0 + n, :], p, d, cos.dtype, n)
-            s = _load(sin[b, s0:s0 + n, :], p, d, sin.dtype, n)
-            dc = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.memset(dst=dc, value=0.0)
-            ds = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.memset(dst=ds, value=0.0)
-            for x, g, dx, heads in ((q, gq, dq, hq), (k, gk, dk, hk)):
-                for h in range(heads):
-                    xt = _load(x[b, h, s0:s0 + n, :], p, d, x.dtype, n)
-                    gt = _load(g[b, h, s0:s0 + n, :], p, d, g.dtype, n)
-                    # dx = [g1*c1 + g2*s2, g2*c2 - g1*s1]: the rotation by -angle, with the halves' own cos/sin
-                    t1 = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
-                    t2 = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
-                    out = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
-                    nisa.tensor_tensor(dst=t1[0:n, lo], data1=gt[0:n, lo], data2=c[0:n, lo], op=nl.multiply)
-                    nisa.tensor_tensor(dst=t2[0:n, lo], data1=gt[0:n, hi], data2=s[0:n, hi], op=nl.multiply)
-                    nisa.tensor_tensor(dst=out[0:n, lo], data1=t1[0:n, lo], data2=t2[0:n, lo], op=nl.add)
-                    nisa.tensor_tensor(dst=t1[0:n, hi], data1=gt[0:n, hi], data2=c[0:n, hi], op=nl.multiply)
-                    nisa.tensor_tensor(dst=t2[0:n, hi], data1=gt[0:n, lo], data2=s[0:n, lo], op=nl.multiply)
-                    nisa.tensor_tensor(dst=out[0:n, hi], data1=t1[0:n, hi], data2=t2[0:n, hi], op=nl.subtract)
-                    nisa.dma_copy(dst=dx[b, h, s0:s0 + n, :], src=out[0:n, :])
-                    # dcos += g * x; dsin += g * rot(x) = [-g1*x2, g2*x1]
-                    nisa.tensor_tensor(dst=t1[0:n, :], data1=gt[0:n, :], data2=xt[0:n, :], op=nl.multiply)
-                    nisa.tensor_tensor(dst=dc[0:n, :], data1=dc[0:n, :], data2=t1[0:n, :], op=nl.add)
-                    nisa.tensor_tensor(dst=t2[0:n, lo], data1=gt[0:n, lo], data2=xt[0:n, hi], op=nl.multiply)
-                    nisa.tensor_tensor(dst=ds[0:n, lo], data1=ds[0:n, lo], data2=t2[0:n, lo], op=nl.subtract)
-                    nisa.tensor_tensor(dst=t2[0:n, hi], data1=gt[0:n, hi], data2=xt[0:n, lo], op=nl.multiply)
-                    nisa.tensor_tensor(dst=ds[0:n, hi], data1=ds[0:n, hi], data2=t2[0:n, hi], op=nl.add)
-            nisa.dma_copy(dst=dcos[b, s0:s0 + n, :], src=dc[0:n, :])
-            nisa.dma_copy(dst=dsin[b, s0:s0 + n, :], src=ds[0:n, :])
+    for b, s0, n in mine(_positions(nb, ns, p)):
+        c = _load(cos[b, s0:s0 + n, :], p, d, cos.dtype, n)
+        s = _load(sin[b, s0:s0 + n, :], p, d, sin.dtype, n)
+        dc = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=dc, value=0.0)
+        ds = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=ds, value=0.0)
+        for x, g, dx, heads in ((q, gq, dq, hq), (k, gk, dk, hk)):
+            for h in range(heads):
+                xt = _load(x[b, h, s0:s0 + n, :], p, d, x.dtype, n)
+                gt = _load(g[b, h, s0:s0 + n, :], p, d, g.dtype, n)
+                # dx = [g1*c1 + g2*s2, g2*c2 - g1*s1]: the rotation by -angle, with the halves' own cos/sin
+                t1 = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
+                t2 = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
+                out = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
+                nisa.tensor_tensor(dst=t1[0:n, lo], data1=gt[0:n, lo], data2=c[0:n, lo], op=nl.multiply)
+                nisa.tensor_tensor(dst=t2[0:n, lo], data1=gt[0:n, hi], data2=s[0:n, hi], op=nl.multiply)
+                nisa.tensor_tensor(dst=out[0:n, lo], data1=t1[0:n, lo], data2=t2[0:n, lo], op=nl.add)
+                nisa.tensor_tensor(dst=t1[0:n, hi], data1=gt[0:n, hi], data2=c[0:n, hi], op=nl.multiply)
+                nisa.tensor_tensor(dst=t2[0:n, hi], data1=gt[0:n, lo], data2=s[0:n, lo], op=nl.multiply)
+                nisa.tensor_tensor(dst=out[0:n, hi], data1=t1[0:n, hi], data2=t2[0:n, hi], op=nl.subtract)
+                nisa.dma_copy(dst=dx[b, h, s0:s0 + n, :], src=out[0:n, :])
+                # dcos += g * x; dsin += g * rot(x) = [-g1*x2, g2*x1]
+                nisa.tensor_tensor(dst=t1[0:n, :], data1=gt[0:n, :], data2=xt[0:n, :], op=nl.multiply)
+                nisa.tensor_tensor(dst=dc[0:n, :], data1=dc[0:n, :], data2=t1[0:n, :], op=nl.add)
+                nisa.tensor_tensor(dst=t2[0:n, lo], data1=gt[0:n, lo], data2=xt[0:n, hi], op=nl.multiply)
+                nisa.tensor_tensor(dst=ds[0:n, lo], data1=ds[0:n, lo], data2=t2[0:n, lo], op=nl.subtract)
+                nisa.tensor_tensor(dst=t2[0:n, hi], data1=gt[0:n, hi], data2=xt[0:n, lo], op=nl.multiply)
+                nisa.tensor_tensor(dst=ds[0:n, hi], data1=ds[0:n, hi], data2=t2[0:n, hi], op=nl.add)
+        nisa.dma_copy(dst=dcos[b, s0:s0 + n, :], src=dc[0:n, :])
+        nisa.dma_copy(dst=dsin[b, s0:s0 + n, :], src=ds[0:n, :])
     return dq, dk, dcos, dsin
 
 

@@ -1,13 +1,12 @@
-"""Segment sum in NKI: a one-hot matmul on TensorE (repeated indices add up, empty segments stay zero);
-its src gradient, a row gather by indirect DMA."""
+"""Segment sum in NKI: a one-hot matmul on TensorE (repeated indices add up, empty segments stay zero), the
+indices bounds-checked in the kernel by the DMA engine; its src gradient, a row gather by indirect DMA."""
 
 from __future__ import annotations
 
-import torch
-
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ...registry.nki import nki, nl
-from .._nki import ROWS, gather_rows, run, segment_matmul
+from ..nki import nisa, nki, nl
+from ..nki.launch import int32_column, run
+from ..nki.tiles import ROWS, check_rows, gather_rows, indirect_problem, mine, segment_matmul, tiles
 from .op import SEGMENT_SUM, fake, shape_problem
 
 CHUNK = (128, 512)
@@ -17,6 +16,10 @@ CHUNK = (128, 512)
 def segment_sum_fwd(src, index, num_segments, rows_per_tile, chunk):
     """src: [n, F]; index: [n, 1] int32 -> [num_segments, F] float32."""
     out = nl.ndarray((num_segments, src.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    for _, r0, k in mine(tiles(index.shape[0], rows_per_tile)):  # an index outside [0, num_segments) fails here
+        idx = nl.ndarray((rows_per_tile, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=idx[0:k, :], src=index[r0:r0 + k, :])
+        check_rows(idx, k, out)
     segment_matmul(src, index, out, rows_per_tile, chunk)
     return out
 
@@ -32,17 +35,14 @@ def segment_sum_bwd(dy, index, rows_per_tile):
 def forward(tensors, attrs, config):
     src, index = tensors
     n = attrs["num_segments"]
-    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= n):
-        bad = int(index.min()) if int(index.min()) < 0 else int(index.max())
-        raise RuntimeError(f"index {bad} is out of bounds for dimension 0 with size {n}")
-    out = run(segment_sum_fwd, src.device)(src.reshape(src.shape[0], -1), index.reshape(-1, 1).to(torch.int32), n,
+    out = run(segment_sum_fwd, src.device)(src.reshape(src.shape[0], -1), int32_column(index), n,
                                            config["rows_per_tile"], config["chunk"])
     return (out.to(src.dtype).reshape(n, *src.shape[1:]).to(src.device),)
 
 
 def backward(grads, tensors, results, attrs, config):
     (dy,), (src, index) = grads, tensors
-    dsrc = run(segment_sum_bwd, src.device)(dy.reshape(dy.shape[0], -1), index.reshape(-1, 1).to(torch.int32),
+    dsrc = run(segment_sum_bwd, src.device)(dy.reshape(dy.shape[0], -1), int32_column(index),
                                             config["rows_per_tile"])
     return (dsrc.reshape(src.shape).to(src.device),)
 
@@ -54,6 +54,9 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     src, index = specs
     if src.dtype not in ("float32", "bfloat16") or index.dtype not in ("int64", "int32"):
         return f"src {src.dtype}, index {index.dtype} (supports float32/bfloat16 src, int index)"
+    why = indirect_problem()
+    if why:
+        return why
     if not 1 <= attrs["num_segments"] < 1 << 24:
         return f"num_segments={attrs['num_segments']} (1 up to 2^24: indices are compared in float32)"
     return None

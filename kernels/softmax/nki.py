@@ -6,8 +6,9 @@ exact because sum(y) = 1: a peaked row then does not compute its largest gradien
 from __future__ import annotations
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ...registry.nki import nisa, nki, nl
-from .._nki import ROWS, fits_sbuf, run, tiles
+from ..nki import nisa, nki, nl
+from ..nki.launch import run
+from ..nki.tiles import ROWS, fits_sbuf, mine, tiles
 from .op import SOFTMAX, dim_problem, fake
 
 _ITEM = {"float32": 4, "bfloat16": 2}
@@ -18,7 +19,7 @@ def softmax_fwd(x, rows_per_tile):
     n_rows, d = x.shape
     p = rows_per_tile
     y = nl.ndarray((n_rows, d), dtype=x.dtype, buffer=nl.shared_hbm)
-    for _, r0, n in tiles(n_rows, p):
+    for _, r0, n in mine(tiles(n_rows, p)):
         xt = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=xt[0:n, :], src=x[r0:r0 + n, :])
         nmx = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -39,7 +40,7 @@ def softmax_bwd(dy, y, rows_per_tile):
     n_rows, d = y.shape
     p = rows_per_tile
     dx = nl.ndarray((n_rows, d), dtype=y.dtype, buffer=nl.shared_hbm)
-    for _, r0, n in tiles(n_rows, p):
+    for _, r0, n in mine(tiles(n_rows, p)):
         gt = nl.ndarray((p, d), dtype=dy.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=gt[0:n, :], src=dy[r0:r0 + n, :])
         yt = nl.ndarray((p, d), dtype=y.dtype, buffer=nl.sbuf)

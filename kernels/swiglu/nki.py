@@ -4,8 +4,9 @@ Backward: dgate = dy * up * silu'(gate), dup = dy * silu(gate)."""
 from __future__ import annotations
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ...registry.nki import nisa, nki, nl
-from .._nki import ROWS, fits_sbuf, run, tiles
+from ..nki import nisa, nki, nl
+from ..nki.launch import run
+from ..nki.tiles import ROWS, fits_sbuf, mine, tiles
 from .op import SWIGLU, fake
 
 COLS = (512, 2048)
@@ -17,7 +18,7 @@ def swiglu_fwd(gate, up, rows_per_tile, cols):
     n_rows, f = gate.shape
     p = rows_per_tile
     out = nl.ndarray((n_rows, f), dtype=gate.dtype, buffer=nl.shared_hbm)
-    for _, r0, n in tiles(n_rows, p):
+    for _, r0, n in mine(tiles(n_rows, p)):
         for _, c0, m in tiles(f, cols):
             g = nl.ndarray((p, cols), dtype=gate.dtype, buffer=nl.sbuf)
             nisa.dma_copy(dst=g[0:n, 0:m], src=gate[r0:r0 + n, c0:c0 + m])
@@ -37,7 +38,7 @@ def swiglu_bwd(dy, gate, up, rows_per_tile, cols):
     p = rows_per_tile
     dgate = nl.ndarray((n_rows, f), dtype=gate.dtype, buffer=nl.shared_hbm)
     dup = nl.ndarray((n_rows, f), dtype=up.dtype, buffer=nl.shared_hbm)
-    for _, r0, n in tiles(n_rows, p):
+    for _, r0, n in mine(tiles(n_rows, p)):
         for _, c0, m in tiles(f, cols):
             g = nl.ndarray((p, cols), dtype=gate.dtype, buffer=nl.sbuf)
             nisa.dma_copy(dst=g[0:n, 0:m], src=gate[r0:r0 + n, c0:c0 + m])

@@ -8,7 +8,10 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .state import NkiError, Run, enter, leave, target_from_env
+from ....registry.neuron import lnc_configured
+from ..limits import simulated_target
+from .errors import NkiError
+from .state import Run, enter, leave
 from .tensor import NkiTensor, Storage, nki_dtype
 
 
@@ -71,9 +74,21 @@ class _Launch:
     def __init__(self, fn, lnc: int | None):
         self.fn, self.lnc = fn, lnc
 
+    def degree(self) -> int:
+        """NKI 0.7 (docs: nki.jit; error NCC_EVRF066): ``kernel(...)`` takes the configured LNC degree
+        (NEURON_LOGICAL_NC_CONFIG, else 1); ``kernel[n](...)`` must match the configured degree, if any."""
+        configured = lnc_configured()
+        if self.lnc is None:
+            return configured or 1
+        if configured is not None and self.lnc != configured:
+            raise NkiError(f"kernel {self.fn.__name__!r} is configured with LNC={self.lnc}, but the compiler uses "
+                           f"LNC={configured} (NCC_EVRF066: the launch grid must match NEURON_LOGICAL_NC_CONFIG)")
+        return self.lnc
+
     def __call__(self, *args, **kwargs):
-        target = target_from_env()
-        buffer = "shared_hbm" if self.lnc else "hbm"
+        target = simulated_target()
+        lnc = self.degree()
+        buffer = "shared_hbm" if lnc > 1 or self.lnc else "hbm"
         converted, inputs, kinds = [], [], []
         for i, a in enumerate(args):
             try:
@@ -89,11 +104,12 @@ class _Launch:
             kinds.append(kind)
         shared: list = []
         result = None
-        for pid in range(self.lnc or 1):
-            run = Run(target, lnc=self.lnc or 1, program_id=pid, shared=shared)
+        for pid in range(lnc):
+            run = Run(target, lnc=lnc, program_id=pid, shared=shared)
             prev = enter(run)
             try:
                 out = self.fn(*converted, **kwargs)
+                run.memory.check()
             finally:
                 leave(prev)
             if pid == 0:

@@ -15,7 +15,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .state import NkiError, current
+from .errors import NkiError
+from .scalar import NkiScalar, VirtualRegister
+from .state import current
 
 HBM_BUFFERS = ("hbm", "private_hbm", "shared_hbm")
 ON_CHIP = ("sbuf", "psum")
@@ -73,6 +75,7 @@ class Storage:
             data[...] = np.nan if is_float(dtype) else 4  # the real simulator's sentinels
         self.data = data.reshape(-1)
         self.written = np.zeros(self.data.size, bool) if buffer == "psum" else None
+        self.interval = None  # the live range of an on-chip allocation (memory.Memory)
 
     @property
     def free_size(self) -> int:
@@ -214,74 +217,117 @@ class NkiTensor:
         key[dim] = slice(start, end, step)
         return self[tuple(key)]
 
-    def ap(self, pattern, offset: int | None = None, scalar_offset: NkiTensor | None = None,
-           vector_offset: NkiTensor | None = None, indirect_dim: int = 0, dtype: str | None = None) -> NkiTensor:
-        """An explicit access pattern over the flattened base storage (the current view is ignored)."""
+    def ap(self, pattern, offset: int | None = None, scalar_offset=None, vector_offset: NkiTensor | None = None,
+           indirect_dim: int = 0, dtype: str | None = None) -> NkiTensor:
+        """An explicit access pattern over the flattened base storage (the current view is ignored; ``offset=None``
+        inherits the view's start). Docs: nki/deep-dives/nki-aps.rst; dynamic starts add
+        ``index * prod(base.shape[indirect_dim + 1:])``."""
         pattern = [tuple(p) for p in pattern]
+        where = f".ap on {self.describe()}"
         if not pattern or any(len(p) != 2 for p in pattern):
-            raise NkiError(f".ap(pattern={pattern}): a pattern is a list of [stride, count] pairs")
+            raise NkiError(f"{where}: pattern={pattern}: a pattern is a list of [step, count] pairs")
+        if offset is not None and not (isinstance(offset, (int, np.integer)) and not isinstance(offset, bool)):
+            raise NkiError(f"{where}: offset must be a compile-time int (elements from the start of the tensor); "
+                           f"got {type(offset).__name__}: pass a run-time start as scalar_offset")
+        if scalar_offset is not None and vector_offset is not None:
+            raise NkiError(f"{where}: scalar_offset and vector_offset are mutually exclusive")
+        if not 0 <= indirect_dim < len(self.storage.shape):
+            raise NkiError(f"{where}: indirect_dim={indirect_dim} is not a dim of the {len(self.storage.shape)}-d "
+                           "base tensor")
         base = self.offset if offset is None else int(offset)
-        if self.on_chip and pattern[0][0] != self.storage.free_size and pattern[0][1] > 1:
-            raise NkiError(f".ap on {self.describe()}: the partition pair's stride must be the storage's free "
-                           f"size {self.storage.free_size}, got {pattern[0][0]}")
-        counts = [c for _, c in pattern]
+        free = self.storage.free_size
+        if self.on_chip and pattern[0][1] > 1 and pattern[0][0] != free:
+            raise NkiError(f"{where}: the partition pair's step must be the storage's free size {free}, got "
+                           f"{pattern[0][0]} (nki-aps.rst: the first pair of an on-chip pattern is the partition)")
+        counts = [int(c) for _, c in pattern]
         offs = np.full(counts, base, dtype=np.int64)
-        for axis, (stride, count) in enumerate(pattern):
+        for axis, (step, count) in enumerate(pattern):
             if axis == 0 and vector_offset is not None:
                 continue  # each partition's row comes from its index, at the base tensor's row stride
             shape = [1] * len(counts)
             shape[axis] = count
-            offs = offs + stride * np.arange(count, dtype=np.int64).reshape(shape)
+            offs = offs + int(step) * np.arange(count, dtype=np.int64).reshape(shape)
         row = math.prod(self.storage.shape[indirect_dim + 1:])
+        indices: list = []
         if scalar_offset is not None:
-            idx = np.asarray(scalar_offset.read()).reshape(-1)
-            if idx.size != 1:
-                raise NkiError(f".ap scalar_offset must hold one value, got {list(scalar_offset.shape)}")
-            offs = offs + int(idx[0]) * row
+            offs = offs + self._scalar_index(scalar_offset, where) * row
+            if isinstance(scalar_offset, NkiTensor):
+                indices.append(scalar_offset.storage)
         if vector_offset is not None:
+            if self.on_chip:
+                raise NkiError(f"{where}: vector_offset indexes an HBM tensor (nki.isa.dma_copy: 'the tensor being "
+                               "indexed must be in HBM')")
             if indirect_dim != 0:
-                raise NkiError(".ap vector_offset works on indirect_dim=0 only")
+                raise NkiError(f"{where}: vector_offset works on indirect_dim=0 only")
+            if not isinstance(vector_offset, NkiTensor) or vector_offset.buffer != "sbuf":
+                raise NkiError(f"{where}: vector_offset must be an SBUF tile (P, 1) of row indices")
             idx = np.asarray(vector_offset.read()).astype(np.int64).reshape(-1)
             if idx.size != counts[0]:
-                raise NkiError(f".ap vector_offset has {idx.size} indices for {counts[0]} partitions")
+                raise NkiError(f"{where}: vector_offset has {idx.size} indices for {counts[0]} partitions")
             offs = offs + idx.reshape([-1] + [1] * (len(counts) - 1)) * row
-        static = scalar_offset is None and vector_offset is None
-        return _Indirect(self.storage, offs, dtype or self.dtype, checked=static)
+            indices.append(vector_offset.storage)
+        dynamic = scalar_offset is not None or vector_offset is not None
+        view = _Indirect(self.storage, offs, dtype or self.dtype, dynamic, vector_offset is not None, indices)
+        if not dynamic:
+            bad = view.bad()
+            if bad.any():
+                raise NkiError(f"{where}: pattern {pattern} from offset {base} reaches element "
+                               f"{int(offs[bad].reshape(-1)[0])}, outside the {self.storage.data.size} elements of "
+                               "the tensor")
+            if self.on_chip and len(counts) > 1:
+                rows = offs.reshape(counts[0], -1) // free
+                if (rows != rows[:, :1]).any():
+                    raise NkiError(f"{where}: pattern {pattern} from offset {base} runs past the end of a partition "
+                                   f"({free} elements each); an on-chip access stays within its partitions")
+        return view
+
+    def _scalar_index(self, x, where: str) -> int:
+        """The value of a scalar_offset: a 1x1 SBUF tile, an NkiScalar or a VirtualRegister."""
+        if isinstance(x, NkiTensor):
+            if x.size != 1 or x.buffer != "sbuf":
+                raise NkiError(f"{where}: a tensor scalar_offset is a (1, 1) SBUF tile, got {x.describe()}")
+            return int(np.asarray(x.read()).reshape(-1)[0])
+        if isinstance(x, NkiScalar):
+            if self.on_chip and x.dtype != "int32":
+                raise NkiError(f"{where}: an SBUF/PSUM operand takes an nl.int32 scalar_offset, got {x.dtype} "
+                               "(nki.isa.scalar_load)")
+            return x.value(where)
+        if isinstance(x, VirtualRegister):
+            return x.value(where)
+        raise NkiError(f"{where}: scalar_offset must be a (1, 1) SBUF tile, an NkiScalar or a VirtualRegister, got "
+                       f"{type(x).__name__}")
 
     def view(self, dtype: str) -> NkiTensor:
         if np_dtype(dtype).itemsize != np_dtype(self.dtype).itemsize:
             raise NkiError("view(dtype) with a different element size is not supported by the interpreter")
-        return NkiTensor(Storage(self.storage.shape, dtype, self.buffer, self.name,
-                                 self.storage.data.view(np_dtype(dtype))), self.offsets, dtype)
+        st = Storage(self.storage.shape, dtype, self.buffer, self.name, self.storage.data.view(np_dtype(dtype)))
+        st.interval, st.written = getattr(self.storage, "interval", None), self.storage.written
+        return NkiTensor(st, self.offsets, dtype)
 
     def is_indirect(self) -> bool:
         return False
 
 
 class _Indirect(NkiTensor):
-    """An access pattern: offsets may fall outside the storage (checked when it is used, per oob_mode)."""
+    """An access pattern: dynamic offsets may fall outside the storage (checked when used, per oob_mode)."""
 
-    def __init__(self, storage, offsets, dtype, checked: bool):
+    def __init__(self, storage, offsets, dtype, dynamic: bool, vector: bool = False, indices=()):
         super().__init__(storage, offsets, dtype)
-        self._static = checked
+        self.dynamic, self.vector, self.indices = dynamic, vector, tuple(indices)
 
     def is_indirect(self) -> bool:
-        return not self._static
+        return self.dynamic
 
     def bad(self) -> np.ndarray:
         return (self.offsets < 0) | (self.offsets >= self.storage.data.size)
 
 
 def new_tensor(shape, dtype: str, buffer: str, name: str = "") -> NkiTensor:
-    """Allocate (NaN-filled, like the simulator) and account for on-chip capacity."""
+    """Allocate (NaN-filled, like the simulator); on-chip tensors open a live range in the launch's memory."""
     shape = tuple(int(s) for s in shape)
-    if buffer in ON_CHIP:
-        if len(shape) < 2:
-            raise NkiError(f"nl.ndarray{list(shape)} in {buffer}: on-chip tensors have a partition dim and at "
-                           "least one free dim")
-        current().allocate(shape, np_dtype(dtype).itemsize, buffer, name)
+    if buffer in ON_CHIP and not shape:
+        raise NkiError(f"nl.ndarray(shape=[], buffer=nl.{buffer}): on-chip tensors have a partition dim")
     st = Storage(shape, dtype, buffer, name)
-    t = NkiTensor(st, np.arange(st.data.size, dtype=np.int64).reshape(shape))
     if buffer in ON_CHIP:
-        current().track(st, shape, np_dtype(dtype).itemsize)
-    return t
+        current().memory.allocate(st, shape, np_dtype(dtype).itemsize, buffer, name)
+    return NkiTensor(st, np.arange(st.data.size, dtype=np.int64).reshape(shape))

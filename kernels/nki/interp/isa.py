@@ -1,18 +1,23 @@
 """``nki.isa`` of the interpreter: dst-first engine calls with their documented semantics and limits.
 
-Engines compute in float32 and cast to the destination dtype. Each call checks the
-partition limit, the buffers its engine may read and write, and the shape rules,
-and names itself in any error.
+Engines compute in float32 and cast to the destination dtype (docs: nki.isa, each call's "Data types"); int32
+``tensor_tensor`` runs on GpSimd in exact integer arithmetic. Each call checks the partition limit and start
+(``ARCH2`` = nki/guides/architecture/trainium_inferentia2_arch.rst, "Data streaming"), the buffers its engine may
+read and write, and the shape rules, names itself and the rule in any error, and counts as one instruction of the
+program for the live ranges of on-chip memory.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 from enum import Enum
 
 import numpy as np
 
-from .state import NkiError, current
+from .errors import NkiError, NkiRangeWarning
+from .scalar import NkiScalar, VirtualRegister, runtime_value
+from .state import current
 from .tensor import NkiTensor, _Indirect, cast, is_float
 
 
@@ -72,13 +77,46 @@ class NkiInstruction:
 # -- checks -----------------------------------------------------------------------------------------------------
 
 
+def instruction(fn):
+    """One instruction of the program: advances the clock of the launch's memory (live ranges)."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        state = current()
+        state.memory.tick()
+        state.instruction = f"nisa.{fn.__name__}"
+        return fn(*args, **kwargs)
+
+    return run
+
+
 def _tensor(call: str, name: str, t) -> NkiTensor:
     if not isinstance(t, NkiTensor):
         raise NkiError(f"nisa.{call}: {name} must be an NKI tensor, got {type(t).__name__}")
+    mem = current().memory
+    mem.touch(t.storage)
+    for index in getattr(t, "indices", ()):
+        mem.touch(index)
     return t
 
 
-def _on_chip(call: str, name: str, t: NkiTensor, allowed=("sbuf", "psum")) -> NkiTensor:
+def start_partition(call: str, name: str, t: NkiTensor) -> None:
+    """ARCH2 "Data streaming": an engine operand occupies contiguous partitions, and one of more than 64
+    partitions starts at partition 0, of 33-64 at 0 or 64, of up to 32 at 0, 32, 64 or 96."""
+    p = t.partitions()
+    rows = t.offsets.reshape(p, -1)[:, 0] // t.storage.free_size if t.size else np.zeros(0, np.int64)
+    if p and (np.diff(rows) != 1).any():
+        raise NkiError(f"nisa.{call}: {name} {t.describe()} does not occupy contiguous partitions (ARCH2: no "
+                       "partition striding within one engine access)")
+    start = int(rows[0]) if p else 0
+    allowed = (0,) if p > 64 else (0, 64) if p > 32 else (0, 32, 64, 96)
+    if start not in allowed:
+        raise NkiError(f"nisa.{call}: {name} {t.describe()} starts at partition {start}; an engine access of {p} "
+                       f"partitions must start at partition {', '.join(map(str, allowed))} (start-partition rule, "
+                       "ARCH2 'Data streaming')")
+
+
+def _on_chip(call: str, name: str, t, allowed=("sbuf", "psum")) -> NkiTensor:
     _tensor(call, name, t)
     if t.buffer not in allowed:
         raise NkiError(f"nisa.{call}: {name} {t.describe()} must be in {' or '.join(a.upper() for a in allowed)}")
@@ -87,6 +125,7 @@ def _on_chip(call: str, name: str, t: NkiTensor, allowed=("sbuf", "psum")) -> Nk
         raise NkiError(f"nisa.{call}: {name} partition dimension {p} exceeds maximum {limit}")
     if t.ndim < 2:
         raise NkiError(f"nisa.{call}: {name} {t.describe()} needs a partition dim and a free dim")
+    start_partition(call, name, t)
     return t
 
 
@@ -97,9 +136,13 @@ def _same_layout(call: str, a: NkiTensor, an: str, b: NkiTensor, bn: str) -> Non
 
 
 def _pf(t: NkiTensor) -> np.ndarray:
-    """Values as (partitions, free) float32, the engines' arithmetic type."""
-    v = t.read()
-    return v.reshape(t.partitions(), -1).astype(np.float32 if is_float(t.dtype) or v.dtype.kind != "i" else np.int64)
+    """Values as (partitions, free) float32: the engines cast every input to float32 before arithmetic."""
+    return t.read().reshape(t.partitions(), -1).astype(np.float32)
+
+
+def _pi(t: NkiTensor) -> np.ndarray:
+    """Values as (partitions, free) int64, for GpSimd's native integer arithmetic and bitvec ops."""
+    return t.read().reshape(t.partitions(), -1).astype(np.int64)
 
 
 def _put(dst: NkiTensor, values: np.ndarray) -> None:
@@ -130,39 +173,54 @@ def _apply(call: str, op, a, b, reverse: bool = False):
 # -- data movement -------------------------------------------------------------------------------------------------
 
 
+@instruction
 def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, engine=engine.unknown,
              name=None):
-    """dst = src between HBM and SBUF (either way), SBUF and SBUF, HBM and HBM; never PSUM."""
+    """dst = src between HBM and SBUF (either way), SBUF and SBUF, HBM and HBM; never PSUM (nki.isa.dma_copy)."""
     _tensor("dma_copy", "dst", dst)
     _tensor("dma_copy", "src", src)
+    target = current().target
     for n, t in (("src", src), ("dst", dst)):
         if t.buffer == "psum":
             raise NkiError(f"nisa.dma_copy: {n} {t.describe()} is in PSUM; DMA cannot access PSUM "
                            "(copy it to SBUF with nisa.tensor_copy first)")
-        if t.buffer == "sbuf" and t.partitions() > current().target.partitions:
+        if t.buffer == "sbuf" and t.partitions() > target.partitions:
             raise NkiError(f"nisa.dma_copy: {n} partition dimension {t.partitions()} exceeds maximum 128")
     if dst.size != src.size:
         raise NkiError(f"nisa.dma_copy: dst {list(dst.shape)} and src {list(src.shape)} hold different numbers of "
                        "elements")
+    if dge_mode == _Dge.hwdge and target.gen < 3:
+        raise NkiError(f"nisa.dma_copy: dge_mode=hwdge needs NeuronCore-v3 or newer, not {target.name} (hardware "
+                       "DGE, nki.isa.dma_copy)")
     if dge_mode == _Dge.hwdge and dst.dtype != src.dtype:
         raise NkiError("nisa.dma_copy: dge_mode=hwdge needs equal dtypes (use .view())")
+    vector = [n for n, t in (("src", src), ("dst", dst)) if getattr(t, "vector", False)]
+    if vector and not target.indirect_dma:
+        raise NkiError(f"nisa.dma_copy: {vector[0]} is an indirect (vector_offset) access, which needs descriptors "
+                       f"generated at run time: NeuronCore-v3 or newer (trn2, trn3), not {target.name} (indirect-DMA "
+                       "rule; nki.isa.dma_copy, trainium2_arch.rst 'Descriptor Generation Engine')")
+    if vector and dge_mode == _Dge.hwdge:
+        raise NkiError("nisa.dma_copy: hardware DGE does not support indirect DMA (trainium2_arch.rst); use "
+                       "dge_mode=swdge or leave it unknown")
     keep = np.ones(dst.size, bool)
     for n, t in (("src", src), ("dst", dst)):
-        if isinstance(t, _Indirect) and t.bad().any():
+        if isinstance(t, _Indirect) and t.dynamic and t.bad().any():
             if oob_mode == _Oob.error:
                 bad = t.offsets[t.bad()].reshape(-1)[0]
                 raise NkiError(f"nisa.dma_copy: {n} access pattern reaches element {bad} outside "
-                               f"{t.name or 'the tensor'} of {t.storage.data.size} elements (oob_mode=error)")
+                               f"{t.name or 'the tensor'} of {t.storage.data.size} elements (oob_mode=error: the "
+                               "bounds check of dynamic DMA, nki.isa.dma_copy)")
             rows = t.bad().reshape(t.shape[0], -1).any(axis=1)  # skip: whole indirect rows are dropped
             keep &= np.repeat(~rows, t.size // t.shape[0])
     vals = src.storage.data[np.where(keep.reshape(src.shape), src.offsets, 0)].reshape(-1)
     if src.dtype != dst.storage.dtype:
-        vals = vals.astype(np.float32)
+        vals = vals.astype(np.float32)  # DMA casts through float32 (nki.isa.dma_copy)
     dst_off = dst.offsets.reshape(-1)[keep]
     dst.storage.data[dst_off] = cast(vals[keep], dst.storage.dtype)
     return NkiInstruction()
 
 
+@instruction
 def tensor_copy(dst, src, engine=engine.unknown, name=None):
     _on_chip("tensor_copy", "dst", dst)
     _on_chip("tensor_copy", "src", src)
@@ -177,6 +235,20 @@ def tensor_copy(dst, src, engine=engine.unknown, name=None):
 # -- compute -------------------------------------------------------------------------------------------------------
 
 
+def _domain(op, x: np.ndarray) -> np.ndarray:
+    """Where finite inputs fall outside ``op``'s documented range (nki.api.shared "Supported Activation Functions":
+    log [2^-64, 2^64], sin [-pi, pi], arctan [-pi/2, pi/2], sqrt [2^-116, 2^118], rsqrt [2^-87, 2^97],
+    reciprocal +-[2^-42, 2^42]; outside, results are invalid)."""
+    dom = getattr(op, "domain", None)
+    if dom is None:
+        return np.zeros(x.shape, bool)
+    lo, hi, symmetric = dom
+    v = np.abs(x) if symmetric else x
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(x) & ((v < lo) | (v > hi))
+
+
+@instruction
 def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
                reduce_cmd=reduce_cmd.idle, name=None):
     """dst = op(data * scale + bias); optionally the free-dim sum of the output through the ScalarE accumulator."""
@@ -191,21 +263,42 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         if not isinstance(bias, NkiTensor) and current().target.gen < 3:
             raise NkiError("nisa.activation: a scalar bias needs NeuronCore-v3 or later; pass a (P, 1) tile")
         x = x + _operand("activation", "bias", bias, p)
-    out = op.unary(x).astype(np.float32)
-    acc = current().act_acc
+    with np.errstate(all="ignore"):
+        out = op.unary(x).astype(np.float32)
+    bad = _domain(op, x)
+    if bad.any():
+        lo, hi, sym = op.domain
+        warnings.warn(f"nisa.activation: {int(bad.sum())} input(s) of {op!r} outside its documented range "
+                      f"{'+-' if sym else ''}[{lo:g}, {hi:g}] (activation-range rule, nki.api.shared): invalid on "
+                      "hardware, NaN here", NkiRangeWarning, stacklevel=3)
+        out[bad] = np.nan
     if reduce_op is not None and getattr(reduce_op, "name", "") != "add":
         raise NkiError(f"nisa.activation: reduce_op must be nl.add, got {reduce_op!r}")
+    run = current()
+    lanes = slice(int(data.offsets.reshape(-1)[0] // data.storage.free_size), None)
+    lanes = slice(lanes.start, lanes.start + p)
+    acc, defined = run.act_acc[lanes], run.act_defined[lanes]
     if reduce_cmd in (_Cmd.reset, _Cmd.reset_reduce):
-        acc[:p] = 0.0
+        acc[:] = 0.0
+        defined[:] = True
     if reduce_cmd in (_Cmd.reduce, _Cmd.reset_reduce, _Cmd.load_reduce):
         if reduce_op is None:
             raise NkiError(f"nisa.activation: reduce_cmd={reduce_cmd.name} needs reduce_op=nl.add")
-        acc[:p] += out.sum(axis=1, dtype=np.float32)
+        acc += out.sum(axis=1, dtype=np.float32)
     if reduce_res is not None:
         _on_chip("activation", "reduce_res", reduce_res)
         if reduce_res.partitions() != p or reduce_res.per_partition() != 1:
             raise NkiError(f"nisa.activation: reduce_res {list(reduce_res.shape)} must be ({p}, 1)")
-        _put(reduce_res, acc[:p].reshape(p, 1))
+        if reduce_res.storage is dst.storage and np.intersect1d(reduce_res.offsets, dst.offsets).size:
+            raise NkiError("nisa.activation: reduce_res overlaps dst; the instruction writes both, in an order the "
+                           "docs leave open (reduce_res-alias rule): give reduce_res its own tile")
+    if reduce_cmd in (_Cmd.reduce, _Cmd.load_reduce) or (reduce_res is not None and reduce_cmd == _Cmd.idle):
+        if not defined.all():
+            raise NkiError(f"nisa.activation: reduce_cmd={reduce_cmd.name} reads the ScalarE accumulator of lanes "
+                           "never reset in this kernel; its value is undefined on hardware (accumulator rule, "
+                           "nki.isa.activation 'Accumulator behavior'): start with reduce_cmd=reset_reduce")
+    if reduce_res is not None:
+        _put(reduce_res, acc.reshape(p, 1))
     _put(dst, out)
     return NkiInstruction()
 
@@ -215,6 +308,7 @@ def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0
                       reduce_cmd=_Cmd.reset_reduce)
 
 
+@instruction
 def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     _on_chip("tensor_reduce", "dst", dst)
     _on_chip("tensor_reduce", "data", data)
@@ -254,7 +348,13 @@ def _fold(op, s):
     return acc
 
 
+_INT32 = ("int32", "uint32")
+
+
+@instruction
 def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
+    """op(data1, data2) elementwise. Float (or mixed) operands: float32 math on VectorE; all int32/uint32 and none
+    in PSUM: GpSimd's native integer arithmetic, exact (nki.isa.tensor_tensor, "Data types")."""
     for n, t in (("dst", dst), ("data1", data1), ("data2", data2)):
         _on_chip("tensor_tensor", n, t)
     if data1.shape != data2.shape and (data1.partitions() != data2.partitions()
@@ -264,27 +364,47 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     if data1.buffer == "psum" and data2.buffer == "psum":
         raise NkiError("nisa.tensor_tensor: data1 and data2 cannot both be in PSUM")
     _same_layout("tensor_tensor", dst, "dst", data1, "data1")
+    tiles = (dst, data1, data2)
+    gpsimd = engine == _Engine.gpsimd or (engine == _Engine.unknown and all(t.dtype in _INT32 for t in tiles))
+    if gpsimd and any(t.buffer == "psum" for t in tiles):
+        if engine == _Engine.gpsimd:
+            raise NkiError("nisa.tensor_tensor: GpSimd cannot access PSUM")
+        gpsimd = False  # the automatic GpSimd dispatch falls back to VectorE
     if op.bitvec:
-        r = op.binary(data1.read().reshape(data1.partitions(), -1), data2.read().reshape(data2.partitions(), -1))
+        r = op.binary(_pi(data1), _pi(data2))
+    elif gpsimd and all(t.dtype in _INT32 for t in tiles):
+        with np.errstate(all="ignore"):
+            r = op.binary_exact(_pi(data1), _pi(data2))
+        bits = 32
+        r = (r + (1 << (bits - 1))) % (1 << bits) - (1 << (bits - 1)) if dst.dtype == "int32" else r % (1 << bits)
     else:
         r = _apply("tensor_tensor", op, _pf(data1), _pf(data2))
     _put(dst, r)
     return NkiInstruction()
 
 
+@instruction
 def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
                   engine=engine.unknown, name=None):
     _on_chip("tensor_scalar", "dst", dst)
     _on_chip("tensor_scalar", "data", data)
     _same_layout("tensor_scalar", dst, "dst", data, "data")
     p = data.partitions()
-    r = _apply("tensor_scalar", op0, _pf(data), _operand("tensor_scalar", "operand0", operand0, p), reverse0)
-    if op1 is not None:
-        r = _apply("tensor_scalar", op1, r, _operand("tensor_scalar", "operand1", operand1, p), reverse1)
+    if op0.bitvec or (op1 is not None and op1.bitvec):
+        if not (op0.bitvec and (op1 is None or op1.bitvec)):
+            raise NkiError("nisa.tensor_scalar: op0 and op1 must both be bitvec or both arithmetic")
+        r = _apply("tensor_scalar", op0, _pi(data), np.int64(operand0), reverse0)
+        if op1 is not None:
+            r = _apply("tensor_scalar", op1, r, np.int64(operand1), reverse1)
+    else:
+        r = _apply("tensor_scalar", op0, _pf(data), _operand("tensor_scalar", "operand0", operand0, p), reverse0)
+        if op1 is not None:
+            r = _apply("tensor_scalar", op1, r, _operand("tensor_scalar", "operand1", operand1, p), reverse1)
     _put(dst, r)
     return NkiInstruction()
 
 
+@instruction
 def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, name=None):
     for n, t in (("dst", dst), ("data", data), ("operand1", operand1)):
         _on_chip("scalar_tensor_tensor", n, t)
@@ -298,6 +418,7 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     return NkiInstruction()
 
 
+@instruction
 def reciprocal(dst, data, name=None):
     _on_chip("reciprocal", "dst", dst)
     _on_chip("reciprocal", "data", data)
@@ -307,6 +428,7 @@ def reciprocal(dst, data, name=None):
     return NkiInstruction()
 
 
+@instruction
 def memset(dst, value, engine=engine.unknown, name=None):
     _on_chip("memset", "dst", dst)
     if not is_float(dst.dtype) and not float(value).is_integer():
@@ -331,12 +453,14 @@ def _affine(call: str, dst: NkiTensor, pattern, offset: int, channel_multiplier:
     return v.reshape(dst.partitions(), -1)
 
 
+@instruction
 def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     _on_chip("iota", "dst", dst, allowed=("sbuf",))
     _put(dst, _affine("iota", dst, pattern, offset, channel_multiplier).astype(np.int32))
     return NkiInstruction()
 
 
+@instruction
 def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=None, offset=0, name=None):
     _on_chip("affine_select", "dst", dst, allowed=("sbuf",))
     _on_chip("affine_select", "on_true_tile", on_true_tile, allowed=("sbuf",))
@@ -359,6 +483,7 @@ def _bank_check(call: str, dst: NkiTensor) -> None:
                        "partition); keep each matmul output within one bank")
 
 
+@instruction
 def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
               accumulate=None, tile_position=(), tile_size=(), perf_mode=matmul_perf_mode.none, name=None):
     """dst[M, N] (+)= stationary[K, M].T @ moving[K, N], float32 accumulation in PSUM."""
@@ -400,6 +525,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     return NkiInstruction()
 
 
+@instruction
 def nc_transpose(dst, data, engine=engine.unknown, name=None):
     """dst[F, P] = data[P, F]: TensorE (SBUF -> PSUM, up to 128 x 128) or VectorE (up to 32 x 32)."""
     _on_chip("nc_transpose", "data", data)
@@ -422,8 +548,69 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
     return NkiInstruction()
 
 
+# -- run-time scalars (NKI 0.7: nki.isa.NkiScalar, scalar_load, scalar_store; VirtualRegister and register_*) ----------
+
+
+def _one(call: str, name: str, t) -> NkiTensor:
+    _tensor(call, name, t)
+    if t.size != 1:
+        raise NkiError(f"nisa.{call}: {name} {t.describe()} must hold exactly one element")
+    if t.buffer == "psum":
+        raise NkiError(f"nisa.{call}: {name} must be in SBUF or HBM, not PSUM")
+    return t
+
+
+@instruction
+def scalar_load(src) -> NkiScalar:
+    """An NkiScalar from a 1x1 nl.int32 or nl.int64 tile in SBUF or HBM (unsigned dtypes are rejected)."""
+    _one("scalar_load", "src", src)
+    if src.dtype not in ("int32", "int64"):
+        raise NkiError(f"nisa.scalar_load: src dtype {src.dtype}; scalars load from nl.int32 or nl.int64 (use the "
+                       "signed dtype of the same width)")
+    return NkiScalar(int(np.asarray(src.read()).reshape(-1)[0]), src.dtype)
+
+
+@instruction
+def scalar_store(dst, src) -> None:
+    _one("scalar_store", "dst", dst)
+    if not isinstance(src, NkiScalar):
+        raise NkiError(f"nisa.scalar_store: src must be an NkiScalar, got {type(src).__name__}")
+    dst.write(np.asarray(src.value("nisa.scalar_store")))
+
+
+def register_alloc(x: int | None = None) -> VirtualRegister:
+    if x is not None and not isinstance(x, int):
+        raise NkiError(f"nisa.register_alloc: x must be None or an int, got {type(x).__name__}")
+    return VirtualRegister(x)
+
+
+def _register(call: str, r) -> VirtualRegister:
+    if not isinstance(r, VirtualRegister):
+        raise NkiError(f"nisa.{call}: expected a VirtualRegister (nisa.register_alloc), got {type(r).__name__}")
+    return r
+
+
+@instruction
+def register_move(dst, src) -> None:
+    _register("register_move", dst).set(runtime_value(src, "nisa.register_move"))
+
+
+@instruction
+def register_load(dst, src) -> None:
+    _one("register_load", "src", src)
+    _register("register_load", dst).set(int(np.asarray(src.read()).reshape(-1)[0]))
+
+
+@instruction
+def register_store(dst, src) -> None:
+    _one("register_store", "dst", dst)
+    dst.write(np.asarray(_register("register_store", src).value("nisa.register_store")))
+
+
 __all__ = [
-    "activation", "activation_reduce", "affine_select", "dge_mode", "dma_copy", "engine", "get_nc_version", "iota",
-    "matmul_perf_mode", "memset", "nc_matmul", "nc_transpose", "nc_version", "oob_mode", "reciprocal", "reduce_cmd",
-    "scalar_tensor_tensor", "tensor_copy", "tensor_reduce", "tensor_scalar", "tensor_tensor",
+    "NkiInstruction", "NkiScalar", "VirtualRegister", "activation", "activation_reduce", "affine_select", "dge_mode",
+    "dma_copy", "engine", "get_nc_version", "iota", "matmul_perf_mode", "memset", "nc_matmul", "nc_transpose",
+    "nc_version", "oob_mode", "reciprocal", "reduce_cmd", "register_alloc", "register_load", "register_move",
+    "register_store", "scalar_load", "scalar_store", "scalar_tensor_tensor", "tensor_copy", "tensor_reduce",
+    "tensor_scalar", "tensor_tensor",
 ]

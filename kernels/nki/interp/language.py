@@ -1,17 +1,29 @@
-"""``nki.language`` of the interpreter: buffers, dtypes, tile sizes, allocation, op tokens, helpers."""
+"""``nki.language`` of the interpreter: buffers, dtypes, tile sizes, allocation, op tokens, helpers, loops.
+
+NKI 0.7 semantics (docs: nki/migration "Migrating from NKI 0.6.0 to NKI 0.7.0", nki/deep-dives/nki-loops.rst):
+Python loops are unrolled at specialization; ``affine_range``, ``sequential_range`` and ``static_range`` are
+deprecated aliases of ``range``; ``nl.dynamic_range`` is removed; ``fori_loop`` and ``while_loop`` are compiled
+loops whose index and condition are run-time values.
+"""
 
 from __future__ import annotations
+
+import contextlib
+import warnings
 
 import numpy as np
 
 from . import isa
-from .state import NkiError, current
+from .errors import NkiError
+from .scalar import NkiScalar, VirtualRegister, runtime_value
+from .state import current
 from .tensor import NkiTensor, new_tensor
 
 # -- buffers and dtypes ------------------------------------------------------------------------------------------
 sbuf, psum, hbm, private_hbm, shared_hbm = "sbuf", "psum", "private_hbm", "private_hbm", "shared_hbm"
 
-bool_, int8, int16, int32, uint8, uint16, uint32 = "bool_", "int8", "int16", "int32", "uint8", "uint16", "uint32"
+bool_, int8, int16, int32, int64 = "bool_", "int8", "int16", "int32", "int64"
+uint8, uint16, uint32 = "uint8", "uint16", "uint32"
 float16, bfloat16, float32, tfloat32 = "float16", "bfloat16", "float32", "tfloat32"
 float8_e4m3, float8_e4m3fn, float8_e5m2 = "float8_e4m3", "float8_e4m3fn", "float8_e5m2"
 
@@ -45,6 +57,7 @@ class _TileSize:
 
     @property
     def sbuf_fmax_bytes(self) -> int:
+        """Usable SBUF bytes per partition of the target (limits.Target.sbuf_partition_bytes)."""
         return current().target.sbuf_partition_bytes
 
     @property
@@ -67,8 +80,16 @@ tile_size = _TileSize()
 class Fn:
     """An ALU op or activation function: a token for nisa calls, and an ``nl.*`` tile helper."""
 
-    def __init__(self, name: str, binary=None, unary=None, reduce: bool = False, bitvec: bool = False):
+    def __init__(self, name: str, binary=None, unary=None, reduce: bool = False, bitvec: bool = False,
+                 domain: tuple[float, float, bool] | None = None):
         self.name, self.binary, self.unary, self.reduce, self.bitvec = name, binary, unary, reduce, bitvec
+        self.domain = domain
+        """(low, high, symmetric): the documented input range of an activation function, None for all reals."""
+
+    @property
+    def binary_exact(self):
+        """The integer form of a binary op (GpSimd's native int32 arithmetic)."""
+        return getattr(self.binary, "raw", self.binary)
 
     def __repr__(self) -> str:
         return f"nl.{self.name}"
@@ -91,7 +112,11 @@ class Fn:
 
 
 def _b(f):
-    return lambda a, b: f(a, b).astype(np.float32)
+    def g(a, b):
+        return f(a, b).astype(np.float32)
+
+    g.raw = f
+    return g
 
 
 def _u(f):
@@ -140,10 +165,11 @@ with np.errstate(all="ignore"):
     identity = copy
     square = Fn("square", unary=_u(np.square))
     exp = Fn("exp", unary=_u(np.exp))
-    log = Fn("log", unary=_u(np.log))
-    sqrt = Fn("sqrt", unary=_u(np.sqrt))
-    rsqrt = Fn("rsqrt", unary=_u(lambda a: 1.0 / np.sqrt(a)))
-    reciprocal = Fn("reciprocal", unary=_u(lambda a: 1.0 / a))
+    # documented input ranges (nki.api.shared, "Supported Activation Functions"); outside them results are invalid
+    log = Fn("log", unary=_u(np.log), domain=(2.0 ** -64, 2.0 ** 64, False))
+    sqrt = Fn("sqrt", unary=_u(np.sqrt), domain=(2.0 ** -116, 2.0 ** 118, False))
+    rsqrt = Fn("rsqrt", unary=_u(lambda a: 1.0 / np.sqrt(a)), domain=(2.0 ** -87, 2.0 ** 97, False))
+    reciprocal = Fn("reciprocal", unary=_u(lambda a: 1.0 / a), domain=(2.0 ** -42, 2.0 ** 42, True))
     abs = Fn("abs", unary=_u(np.abs))  # noqa: A001  (the NKI name)
     negative = Fn("negative", unary=_u(np.negative))
     sign = Fn("sign", unary=_u(np.sign))
@@ -158,9 +184,9 @@ with np.errstate(all="ignore"):
     gelu = Fn("gelu", unary=_u(lambda a: 0.5 * a * (1 + _erf(a / np.sqrt(2)))))
     gelu_apprx_tanh = Fn("gelu_apprx_tanh",
                          unary=_u(lambda a: 0.5 * a * (1 + np.tanh(0.7978845608 * (a + 0.044715 * a ** 3)))))
-    sin = Fn("sin", unary=_u(np.sin))
+    sin = Fn("sin", unary=_u(np.sin), domain=(-np.pi, np.pi, False))
     cos = Fn("cos", unary=_u(np.cos))
-    arctan = Fn("arctan", unary=_u(np.arctan))
+    arctan = Fn("arctan", unary=_u(np.arctan), domain=(-np.pi / 2, np.pi / 2, False))
 
 
 # -- allocation and launch info ----------------------------------------------------------------------------------
@@ -213,11 +239,87 @@ def program_ndim() -> int:
     return 1 if current().lnc > 1 else 0
 
 
-def affine_range(start, stop=None, step=1):
-    return range(start, stop, step) if stop is not None else range(start)
+def _deprecated_range(name: str):
+    def iterator(start, stop=None, step=1):
+        warnings.warn(f"nl.{name} is deprecated in NKI 0.7 and defaults to Python range(); use range() (or "
+                      "nl.fori_loop for large or run-time trip counts)", DeprecationWarning, stacklevel=2)
+        return range(start, stop, step) if stop is not None else range(start)
+
+    iterator.__name__ = name
+    return iterator
 
 
-sequential_range = static_range = affine_range
+affine_range = _deprecated_range("affine_range")
+sequential_range = _deprecated_range("sequential_range")
+static_range = _deprecated_range("static_range")
+
+_reorder_fence = [0]
+
+
+@contextlib.contextmanager
+def no_reorder():
+    """Instructions inside keep program order (the interpreter runs in program order anyway)."""
+    _reorder_fence[0] += 1
+    try:
+        yield
+    finally:
+        _reorder_fence[0] -= 1
+
+
+def _compiled_loop(name: str) -> None:
+    if _reorder_fence[0]:
+        raise NkiError(f"nl.{name} inside nl.no_reorder() is not supported; put no_reorder inside the loop body")
+
+
+def fori_loop(lower, upper, body_fun, step=1) -> None:
+    """``for i in range(lower, upper, step): body_fun(i)`` as one compiled loop: ``i`` is an NkiScalar (a
+    VirtualRegister when a bound is one), the step a positive compile-time int, the bounds 32-bit (docs:
+    nki.language.fori_loop, 2.33)."""
+    _compiled_loop("fori_loop")
+    if not isinstance(step, int) or isinstance(step, bool) or step <= 0:
+        raise NkiError(f"nl.fori_loop: step must be a positive compile-time int, got {step!r}")
+    for b in (lower, upper):
+        if isinstance(b, NkiScalar) and b.dtype != "int32":
+            raise NkiError("nl.fori_loop: a bound must be 32-bit; an nl.int64 scalar cannot bound the loop (its "
+                           "trip-count comparison has no 64-bit form)")
+    lo, hi = runtime_value(lower, "nl.fori_loop lower"), runtime_value(upper, "nl.fori_loop upper")
+    registers = isinstance(lower, VirtualRegister) or isinstance(upper, VirtualRegister)
+    memory = current().memory
+    memory.loop_start()
+    try:
+        for i in range(lo, hi, step):
+            memory.iteration()
+            body_fun(VirtualRegister(i) if registers else NkiScalar(i, "int32"))
+    finally:
+        memory.loop_end()
+
+
+WHILE_LOOP_LIMIT = 1 << 20
+
+
+def while_loop(init, body_fun) -> None:
+    """``r = init; while r != 0: r = body_fun(r)`` as one compiled loop; the body returns the next condition
+    (docs: nki.language.while_loop)."""
+    _compiled_loop("while_loop")
+    memory = current().memory
+    kind = type(init)
+    value = runtime_value(init, "nl.while_loop init")
+    memory.loop_start()
+    try:
+        n = 0
+        while value != 0:
+            n += 1
+            if n > WHILE_LOOP_LIMIT:
+                raise NkiError(f"nl.while_loop: more than {WHILE_LOOP_LIMIT} iterations; does the body update "
+                               "the condition it returns?")
+            memory.iteration()
+            nxt = body_fun(VirtualRegister(value) if kind is VirtualRegister else NkiScalar(value, init.dtype))
+            if not isinstance(nxt, (VirtualRegister, NkiScalar)):
+                raise NkiError(f"nl.while_loop: the body must return the next condition register, got "
+                               f"{type(nxt).__name__}")
+            value = runtime_value(nxt, "nl.while_loop condition")
+    finally:
+        memory.loop_end()
 
 
 # -- data movement helpers ---------------------------------------------------------------------------------------

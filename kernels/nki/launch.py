@@ -1,0 +1,42 @@
+"""Launching a kernel at the logical-core degree in force: on a neuron device through TorchNeuron, elsewhere
+simulated (numerics only).
+
+On the device the call is ``wrap_nki(kernel)[(lnc,)](...)``: ``wrap_nki`` is the form ``torch.compile`` can trace
+(a raw ``@nki.jit`` call is invisible to dispatcher-based tracing), and the grid sets the kernel's LNC degree,
+which must equal the compiler's (docs: torch/guides/how-to-work-with-nki.rst; compiler error NCC_EVRF066; trn2
+defaults to LNC=2). The grid goes on the ``wrap_nki`` caller: ``wrap_nki(kernel[lnc])`` would be launched at LNC=1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+import torch
+
+from ...registry.neuron import NEURON, logical_cores, torchneuron
+from . import nki
+
+
+@cache
+def _wrapped(wrap_nki: Callable[..., Any], kernel: Any) -> Any:
+    return wrap_nki(kernel)
+
+
+def run(kernel: Any, device: torch.device) -> Callable[..., Any]:
+    """``kernel`` launched at the LNC degree in force, for tensors on ``device``."""
+    lnc = logical_cores()
+    if device.type == NEURON.device:
+        wrap_nki = torchneuron("wrap_nki")
+        if wrap_nki is None:
+            raise RuntimeError(f"tensors on the {device.type} device, but torch_neuronx has no wrap_nki: install a "
+                               "torch-neuronx that documents nki_op and wrap_nki (Neuron 2.33 or later)")
+        return _wrapped(wrap_nki, kernel)[(lnc,)]
+    return nki.simulate(kernel[lnc])
+
+
+def int32_column(index: torch.Tensor) -> torch.Tensor:
+    """Integer indices as the [n, 1] int32 column the kernels read; values beyond int32 saturate, so an index out
+    of a table stays out of it (and the kernel's bounds check rejects it) instead of wrapping into range."""
+    return index.reshape(-1, 1).clamp(-(2**31), 2**31 - 1).to(torch.int32)
