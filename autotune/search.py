@@ -18,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +38,8 @@ optuna.logging.set_verbosity(optuna.logging.ERROR)
 
 TRIAL, FINAL = "trial", "final"
 HEARTBEAT_S = 10
+WORKER = f"{socket.gethostname()}:{os.getpid()}"
+"""Written on every trial this process claims (who measured what, e.g. in optuna-dashboard)."""
 
 
 def default_storage() -> str:
@@ -54,13 +58,32 @@ def open_storage(url: str | None, heartbeat_s: int = HEARTBEAT_S) -> Any:
         return JournalStorage(JournalFileBackend(path))
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
         os.makedirs(os.path.dirname(os.path.abspath(url.removeprefix("sqlite:///"))), exist_ok=True)
+    url = _driver(url)
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     if url == "sqlite:///:memory:":  # one process, one thread: nobody to hand work back to
         return optuna.storages.RDBStorage(url, engine_kwargs=engine)
-    with warnings.catch_warnings():  # heartbeats are marked experimental
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
-                                          grace_period=3 * heartbeat_s, heartbeat_stale_trial_callback=_retry())
+    for attempt in range(5):  # workers starting together on an empty database race to create its tables
+        try:
+            with warnings.catch_warnings():  # heartbeats are marked experimental
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
+                                                  grace_period=3 * heartbeat_s, heartbeat_stale_trial_callback=_retry())
+        except ImportError:
+            raise
+        except Exception:
+            if attempt == 4:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+
+
+def _driver(url: str) -> str:
+    """``postgresql://`` with whichever driver is installed (SQLAlchemy's default, psycopg 3, else psycopg2)."""
+    if url.startswith("postgresql://"):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
+            return "postgresql+psycopg2://" + url.removeprefix("postgresql://")
+    return url
 
 
 def _retry() -> RetryHeartbeatStaleTrialCallback:
@@ -173,6 +196,7 @@ class Search:
             cfg = {p: fixed.get(p, values.get(p)) for p in impl.space}
             trial.set_user_attr("kind", kind)
             trial.set_user_attr("config", cfg)
+            trial.set_user_attr("worker", WORKER)
             if kind not in handlers or not impl.allows(cfg, key) or self._taken(study, trial.number, kind, cfg):
                 raise optuna.TrialPruned()
             res = handlers[kind](cfg)
@@ -186,14 +210,21 @@ class Search:
 
     @staticmethod
     def _taken(study: optuna.Study, number: int, kind: str, cfg: dict[str, int]) -> bool:
-        """Whether an earlier trial already stands for this (kind, config): then this one steps back."""
+        """Whether an earlier trial already stands for this (kind, config): then this one steps back.
+
+        Called after this trial's own config is written. An earlier trial just drawn from the sampler may not
+        have written its config yet: wait for it, else two workers could each pass the other by."""
         cid = _config_id(cfg)
-        return any(t.number < number and _kind(t) == kind and _config_id(t.user_attrs.get("config") or {}) == cid
-                   and _holds(t) for t in study.get_trials(deepcopy=False))
+        for _ in range(400):
+            earlier = [t for t in study.get_trials(deepcopy=False) if t.number < number and _kind(t) == kind]
+            if not any(t.state == TrialState.RUNNING and "config" not in t.user_attrs for t in earlier):
+                break
+            time.sleep(0.05)
+        return any(_config_id(t.user_attrs.get("config") or {}) == cid and _holds(t) for t in earlier)
 
     def _enqueue(self, study: optuna.Study, impl: Impl, key: Key, cfg: dict[str, int], kind: str) -> None:
         fixed = set(impl.backward_params) if key.mode == "inference" else set()
-        study.enqueue_trial({p: v for p, v in cfg.items() if p not in fixed}, user_attrs={"kind": kind})
+        study.enqueue_trial({p: v for p, v in cfg.items() if p not in fixed}, user_attrs={"kind": kind, "config": cfg})
 
     def run(self, key: Key, impl: Impl, evaluate: Callable[[dict[str, int]], TrialResult],
             stop: Callable[[], bool] = lambda: False,

@@ -16,7 +16,7 @@ import nki_autotune.kernels as nk
 from nki_autotune.registry import Entry, TableError, explain, get_op, load_profile, ops, record, scope
 
 from .conftest import rmsnorm_key
-from .test_tuner import FakeClock, tuner
+from .fakes import FakeClock, tuner
 
 
 class Block(nn.Module):

@@ -12,8 +12,8 @@ from nki_autotune.autotune.numerics import compare
 from nki_autotune.autotune.timing import Clock, Runner, Workload, choose_calls, interleave
 from nki_autotune.registry import Key, Profile, Site, TensorSpec, get_op
 
+from .fakes import EagerCpu, FakeClock, QuietMeter, fast_when, site, tuner
 from .helpers import key_of
-from .test_tuner import EagerCpu, FakeClock, QuietMeter, fast_when, site, tuner
 
 
 class Recording(EagerCpu):

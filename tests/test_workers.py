@@ -1,0 +1,166 @@
+"""Many workers, one study, on real storages: a journal file, and a PostgreSQL server this fixture starts.
+No (key, impl, config) is measured twice, every worker writes the same table, timing never overlaps on one
+machine, and a worker killed mid-trial leaves its work to the others."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from nki_autotune.autotune.search import open_storage
+from nki_autotune.registry import load_table
+
+WORKER = Path(__file__).parent / "data" / "fake_worker.py"
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+PROFILE = {"version": 2, "sites": [
+    {"op": "rmsnorm", "site": f"m.{n}", "attrs": {"eps": 1e-6},
+     "inputs": [{"shape": [n, 64], "dtype": "float32", "requires_grad": True},
+                {"shape": [64], "dtype": "float32", "requires_grad": True}]} for n in (32, 48)]}
+
+
+def _configs() -> int:
+    from nki_autotune.registry import Key, TensorSpec, get_op
+
+    op = get_op("rmsnorm")
+    return sum(len(op.impls["cpu_rows"].configs(Key.of(op, (TensorSpec((n, 64), "float32", requires_grad=True),
+               TensorSpec((64,), "float32", requires_grad=True)), {"eps": 1e-6}))) for n in (32, 48))
+
+
+CONFIGS = _configs()
+
+
+def _as(user: pwd.struct_passwd):
+    def drop():
+        os.setgid(user.pw_gid)
+        os.setuid(user.pw_uid)
+    return drop
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A PostgreSQL 15 server in a temporary directory, run as an unprivileged user; its URL."""
+    if not (PG_BIN / "initdb").exists():
+        pytest.skip(f"PostgreSQL server binaries are not installed here ({PG_BIN}/initdb is absent)")
+    pytest.importorskip("psycopg2", reason="psycopg2 (the dev extra's psycopg2-binary) is not installed")
+    root = Path(tempfile.mkdtemp(prefix="nki-autotune-pg-"))  # under /tmp: reachable by the server's user
+    drop = None
+    if os.geteuid() == 0:  # initdb refuses to run as root
+        user = pwd.getpwnam("nobody")
+        shutil.chown(root, user.pw_uid, user.pw_gid)
+        drop = _as(user)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = root / "data"
+    try:
+        subprocess.run([PG_BIN / "initdb", "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8"],
+                       check=True, capture_output=True, preexec_fn=drop)
+        subprocess.run([PG_BIN / "pg_ctl", "-D", data, "-l", root / "log", "-w", "start", "-o",
+                        f"-p {port} -h 127.0.0.1 -k {root}"], check=True, capture_output=True, preexec_fn=drop)
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([PG_BIN / "pg_ctl", "-D", data, "-m", "immediate", "stop"], capture_output=True,
+                       preexec_fn=drop)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(params=["journal", "postgresql"])
+def storage(request, tmp_path):
+    if request.param == "journal":
+        return f"journal:///{tmp_path}/studies.log"
+    url = request.getfixturevalue("postgres")
+    db = f"t{os.getpid()}_{int(time.time() * 1000) % 10**9}"
+    import psycopg2
+
+    conn = psycopg2.connect(url)
+    conn.autocommit = True
+    conn.cursor().execute(f"CREATE DATABASE {db}")
+    conn.close()
+    return url.rsplit("/", 1)[0] + "/" + db
+
+
+def _start(tmp_path, storage, name, step=0.02, lease=600.0):
+    profile = tmp_path / "profile.yaml"
+    if not profile.exists():
+        profile.write_text(yaml.safe_dump(PROFILE))
+    cmd = [sys.executable, WORKER, storage, profile, tmp_path / f"{name}.yaml", "--step", str(step), "--lease",
+           str(lease), "--heartbeat", "1", "--lock", tmp_path / "measure.lock", "--lock-log", tmp_path / "lock.log"]
+    return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _trials(storage):
+    st = open_storage(storage)
+    out = []
+    for s in optuna.get_all_study_summaries(st):
+        out += [(s.study_name, t) for t in optuna.load_study(study_name=s.study_name, storage=st).trials]
+    return out
+
+
+def _measured_once(storage):
+    """Every (study, kind, config) measured exactly once; returns the workers that measured."""
+    measured = Counter()
+    workers = set()
+    for study, t in _trials(storage):
+        done = t.state.name == "COMPLETE" or (t.state.name == "FAIL" and "info" in t.user_attrs)
+        if done:
+            measured[(study, t.user_attrs["kind"], str(sorted(t.user_attrs["config"].items())))] += 1
+            workers.add(t.user_attrs["worker"])
+    assert measured and max(measured.values()) == 1, [k for k, n in measured.items() if n > 1]
+    assert sum(k[1] == "final" for k in measured) == 2  # one final comparison per key (one impl each)
+    return measured, workers
+
+
+def _entries(path):
+    return [(e.key, e.impl, e.config, e.measured) for e in load_table(path).entries]
+
+
+def _no_overlap(log):
+    spans = sorted(tuple(map(float, line.split())) for line in Path(log).read_text().splitlines())
+    assert all(a_end <= b_start + 1e-3 for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+
+
+def test_two_workers_share_the_work_and_write_the_same_table(tmp_path, storage):
+    a, b = _start(tmp_path, storage, "a"), _start(tmp_path, storage, "b")
+    for p in (a, b):
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    measured, workers = _measured_once(storage)
+    assert len(measured) == CONFIGS + 2 and len(workers) == 2  # both measured some of the configs
+    assert _entries(tmp_path / "a.yaml") == _entries(tmp_path / "b.yaml")
+    assert len(_entries(tmp_path / "a.yaml")) == 2
+    _no_overlap(tmp_path / "lock.log")
+
+
+def test_a_worker_killed_mid_trial_leaves_its_work_to_the_other(tmp_path, storage):
+    slow = _start(tmp_path, storage, "slow", step=0.3, lease=6.0)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until the slow worker holds a trial
+        if any(t.state.name == "RUNNING" and t.user_attrs.get("worker", "").endswith(f":{slow.pid}")
+               for _, t in _trials(storage)):
+            break
+        time.sleep(0.3)
+    else:
+        pytest.fail("the slow worker never claimed a trial")
+    fast = _start(tmp_path, storage, "fast", lease=6.0)
+    slow.send_signal(signal.SIGKILL)
+    slow.wait()
+    out, err = fast.communicate(timeout=300)
+    assert fast.returncode == 0, err
+    measured, _ = _measured_once(storage)
+    assert len(measured) == CONFIGS + 2
+    assert len(_entries(tmp_path / "fast.yaml")) == 2
+    killed = [t for _, t in _trials(storage) if t.state.name == "FAIL" and "info" not in t.user_attrs]
+    assert killed, "the killed worker's trial was failed and put back"
