@@ -145,11 +145,14 @@ class Worker:
                 raise WorkerFailure(f"timed out after {timeout:.0f} s (--trial-timeout); the worker was killed")
 
     def close(self) -> None:
+        """Ask the worker to finish (it returns when its end of the pipe closes), then make sure it has."""
         if self._conn is not None:
             try:
                 self._conn.close()
             except OSError:
                 pass
+        if self._proc is not None:
+            self._proc.join(10)
         self._kill()
 
 
