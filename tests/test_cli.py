@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
@@ -198,3 +199,31 @@ def test_record_merges_the_profiles_of_ranks(tmp_path):
     merged = tmp_path / "m.yaml"
     r = cli("record", "-o", str(merged), "--merge", str(tmp_path / "p.rank0.yaml"), str(tmp_path / "p.rank1.yaml"))
     assert r.returncode == 0 and "2 call sites" in r.stdout
+
+
+def test_the_readmes_adding_a_kernel_works_as_written(tmp_path):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Adding a kernel", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(code.splitlines()) < 60
+    (tmp_path / "axpy.py").write_text(code)
+    env = {"PYTHONPATH": str(tmp_path)}
+    r = cli("check", "--import", "axpy", "--ops", "axpy", env=env)
+    assert r.returncode == 0 and "axpy.cpu_blocks" in r.stdout and " 0 failed" in r.stdout, r.stdout + r.stderr
+    use = textwrap.dedent("""
+        import torch
+        import nki_autotune.kernels  # noqa: F401
+        from nki_autotune.registry import explain, scope
+        import axpy
+        x, y = torch.randn(3, 100, requires_grad=True), torch.randn(3, 100, requires_grad=True)
+        with scope(NKI_AUTOTUNE_KERNEL_AXPY="on"):
+            assert explain("axpy", x, y, 2.0).path == "kernel"
+            out = axpy.axpy(x, y, 2.0)
+            out.sum().backward()
+        torch.testing.assert_close(out, x + 2.0 * y)
+        torch.testing.assert_close(y.grad, torch.full_like(y, 2.0))
+        print("OK")
+    """)
+    r = subprocess.run([sys.executable, "-c", use], capture_output=True, text=True, cwd=tmp_path,
+                       env={**{k: v for k, v in os.environ.items() if not k.startswith("NKI_AUTOTUNE_")}, **env})
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr
