@@ -1,0 +1,88 @@
+"""Rotary embedding: transformers applies it in a module-level function of each modeling module
+(``apply_rotary_pos_emb``), which the attention's forward looks up when it runs.
+
+While a model of the family is patched, that name holds a router: inside the forward of a patched attention
+module it calls ``nk.rope``; anywhere else it calls the original function, so unpatched models compute what
+they computed. The last ``unpatch`` of the family puts the original back. Which attention is running is a
+thread-local flag, set by the patched attention's forward around its class's forward: compiled graphs read it
+at trace time (no graph break) and other threads never see it.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from .. import rope
+
+NAME = "apply_rotary_pos_emb"
+_inside = threading.local()
+_patched: dict[str, weakref.WeakSet] = {}
+_routers: dict[str, tuple[Callable, Callable]] = {}
+"""Per modeling module: its original function and the router installed in its place."""
+
+
+def attention_forward(self, *args, **kwargs):
+    """The attention class's own forward, with its rotary embedding routed to the pack."""
+    outer = getattr(_inside, "patched_attention", False)
+    _inside.patched_attention = True
+    try:
+        return type(self).forward(self, *args, **kwargs)
+    finally:
+        _inside.patched_attention = outer
+
+
+def _router(original: Callable) -> Callable:
+    def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *args,
+                             **kwargs):
+        if (args or kwargs or not getattr(_inside, "patched_attention", False)
+                or q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.dim() != 3):
+            return original(q, k, cos, sin, *args, **kwargs)
+        return rope(q, k, cos, sin)
+
+    apply_rotary_pos_emb.__wrapped__ = original
+    apply_rotary_pos_emb.__doc__ = original.__doc__
+    return apply_rotary_pos_emb
+
+
+def check_routable(modeling: ModuleType, attention: type) -> None:
+    """An error where this transformers moved the rotary embedding out of the attention's reach."""
+    forward = attention.forward
+    while hasattr(forward, "__wrapped__"):
+        forward = forward.__wrapped__
+    if not callable(getattr(modeling, NAME, None)) or NAME not in forward.__code__.co_names:
+        raise RuntimeError(
+            f"nki_autotune.kernels.hf: {attention.__qualname__}.forward does not call {modeling.__name__}.{NAME} in "
+            f"this transformers version, so its rotary embedding cannot be routed; patch with rope=False")
+
+
+def route(modeling: ModuleType, attention: nn.Module) -> None:
+    """Route ``attention``'s rotary embedding to the pack (installing the router of ``modeling`` if needed)."""
+    key = modeling.__name__
+    if key not in _routers:
+        original = getattr(modeling, NAME)
+        _routers[key] = (original, _router(original))
+        setattr(modeling, NAME, _routers[key][1])
+    _patched.setdefault(key, weakref.WeakSet()).add(attention)
+
+
+def unroute(modeling: ModuleType, attention: nn.Module) -> None:
+    """Forget ``attention``; with no patched attention of ``modeling`` left, put the original function back."""
+    key = modeling.__name__
+    patched = _patched.get(key)
+    if patched is not None:
+        patched.discard(attention)
+    if patched or key not in _routers:
+        return
+    original, router = _routers.pop(key)
+    if getattr(modeling, NAME, None) is router:
+        setattr(modeling, NAME, original)
+    else:
+        warnings.warn(f"{key}.{NAME} was replaced after nki_autotune.kernels.hf.patch and is left as it is; the "
+                      f"router it may still call now calls the original everywhere", stacklevel=3)
