@@ -75,12 +75,12 @@ def test_nki_embedding_and_segment_sum_sum_repeated_indices_and_reject_out_of_ra
     emb = ops()["embedding"].impls["nki_gather"]
     ids = torch.tensor([[3, 3, 3], [0, 3, 1]])
     w = torch.randn(5, 4, requires_grad=True)
-    out = emb.fwd_op(ids, w, 128, 512)
+    out = emb.fwd_op(ids, w, None, 128, 512)
     torch.testing.assert_close(out, torch.nn.functional.embedding(ids, w.detach()))
     out.sum().backward()
     torch.testing.assert_close(w.grad, torch.tensor([1.0, 1, 0, 4, 0]).unsqueeze(1).expand(5, 4))
     with pytest.raises(IndexError, match="index out of range in self"):
-        emb.fwd_op(torch.tensor([5]), w.detach(), 128, 512)
+        emb.fwd_op(torch.tensor([5]), w.detach(), None, 128, 512)
     seg = ops()["segment_sum"].impls["nki_matmul"]
     with pytest.raises(RuntimeError, match="index 9 is out of bounds for dimension 0 with size 4"):
         seg.fwd_op(torch.randn(2, 3), torch.tensor([0, 9]), 4, 128, 512)

@@ -87,17 +87,23 @@ def forward(tensors, attrs, config):
     losses = np.empty(x.shape[0], np.float64)
     lse = torch.empty(x.shape[0], dtype=torch.float32)
     launch(_forward, config["threads"], array(x), t, ignore, config["online"], losses, lse.numpy())
-    count = int((t != ignore).sum())
-    loss = losses.sum() / count if count else float("nan")
-    return torch.tensor(loss, dtype=x.dtype), lse
+    return torch.tensor(losses.sum() * _weight(t, attrs), dtype=x.dtype), lse
+
+
+def _weight(t: np.ndarray, attrs: dict) -> float:
+    """Each counted row's weight in the loss: 1 for the sum, 1 / (rows not ignored) for the mean (nan for none,
+    as PyTorch's 0 / 0)."""
+    if attrs["reduction"] == "sum":
+        return 1.0
+    count = int((t != attrs["ignore_index"]).sum())
+    return 1.0 / count if count else float("nan")
 
 
 def backward(grads, tensors, results, attrs, config):
     (g,), (x, target), (_, lse) = grads, tensors, results
     t = array(target)
-    count = int((t != attrs["ignore_index"]).sum())
     dx = torch.empty(x.shape, dtype=x.dtype)
-    scale = float(g) / count if count else float("nan")
+    scale = float(g) * _weight(t, attrs)
     launch(_backward, config["threads"], array(x), t, attrs["ignore_index"], array(lse), np.float32(scale),
            dx.numpy())
     return (dx,)

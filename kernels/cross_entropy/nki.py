@@ -165,6 +165,8 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     x, t = specs
     if x.dtype not in ("float32", "bfloat16") or t.dtype not in ("int64", "int32"):
         return f"logits {x.dtype}, target {t.dtype} (supports float32/bfloat16 logits, int targets)"
+    if attrs["reduction"] != "mean":
+        return f"reduction={attrs['reduction']!r} (this kernel takes the mean)"
     if x.shape[1] >= 1 << 24:
         return f"vocabulary {x.shape[1]} (targets are compared in float32: under 2^24)"
     return None

@@ -1,4 +1,5 @@
-"""Embedding on the CPU (numba): a parallel row gather; backward, a scatter-add (see _indexed)."""
+"""Embedding on the CPU (numba): a parallel row gather; backward, a scatter-add (see _indexed) whose row
+``padding_idx`` is zero."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 from ...registry import Impl, Key, TensorSpec, register_impl
 from .._cpu import array, max_threads, out_of_range, require, thread_choices
 from .._indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
-from .op import EMBEDDING, fake
+from .op import EMBEDDING, fake, padding_row
 
 
 def forward(tensors, attrs, config):
@@ -25,6 +26,9 @@ def backward(grads, tensors, results, attrs, config):
     dw = torch.empty(w.shape, dtype=w.dtype)
     idx = array(ids).reshape(-1)
     scatter_add(array(dy).reshape(idx.size, -1), idx, dw.numpy(), config["scatter"], config["threads"])
+    pad = padding_row(attrs["padding_idx"], w.shape[0])
+    if pad is not None:
+        dw[pad] = 0
     return (dw,)
 
 
@@ -32,6 +36,9 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     ids, w = specs
     if len(w.shape) != 2:
         return f"weight of shape {list(w.shape)} (needs [V, D])"
+    p = attrs["padding_idx"]
+    if p is not None and padding_row(p, w.shape[0]) is None:
+        return f"padding_idx={p} outside the {w.shape[0]} rows of weight"
     return require(specs, {0: ("int64",), 1: ("float32",)})
 
 

@@ -48,6 +48,8 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     ids, w = specs
     if ids.dtype not in ("int64", "int32") or w.dtype not in ("float32", "bfloat16") or len(w.shape) != 2:
         return f"ids {ids.dtype}, weight {w.dtype} {list(w.shape)} (supports int ids, a float32/bfloat16 [V, D])"
+    if attrs["padding_idx"] is not None:
+        return f"padding_idx={attrs['padding_idx']} (this kernel's weight gradient has no padding row)"
     if w.shape[0] >= 1 << 24:
         return f"vocabulary {w.shape[0]} (ids are compared in float32: under 2^24)"
     if not fits_sbuf(4 * w.shape[1] + 8):
