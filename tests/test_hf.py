@@ -4,6 +4,7 @@ against unpatched copies, eager and compiled; the families it does not know keep
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import subprocess
 import sys
@@ -36,8 +37,9 @@ SITES = {"llama": {"rmsnorm": 5, "swiglu": 2, "rope": 2, "cross_entropy": 1, "em
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
-def build(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, **extra) -> torch.nn.Module:
-    """A tiny model of ``family`` with random weights (HF's init moved by noise: norm weights are not ones)."""
+def build(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, noise: float = 0.1,
+          **extra) -> torch.nn.Module:
+    """A tiny model of ``family`` with random weights: transformers' init moved by ``noise`` (norm weights not one)."""
     config_cls, model_cls, family_extra = FAMILIES.get(family, (None, None, {}))
     if config_cls is None:
         config_cls, model_cls = f"{family}Config", f"{family}ForCausalLM"
@@ -45,7 +47,7 @@ def build(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, **extr
     model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**TINY, **family_extra, **extra))
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
+            p.add_(noise * torch.randn_like(p))
     return model.to(dtype)
 
 
@@ -94,7 +96,10 @@ def fresh():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_patched_matches_unpatched(family, dtype, tmp_path, write_table):
-    ref = build(family, dtype=dtype)
+    """Logits, loss and every parameter's gradient against the unpatched model, kernels off, on and by a table.
+    In bfloat16 the weights are transformers' init: with norm weights away from one, transformers' own bfloat16
+    model is 1-4% from its float32 run in some parameters' gradients, and so is any other rounding of its norms."""
+    ref = build(family, dtype=dtype, noise=0.1 if dtype == torch.float32 else 0.0)
     model = copy.deepcopy(ref)
     counts = hf.patch(model)
     assert counts == SITES.get(family, SITES["llama"])
@@ -126,15 +131,16 @@ def test_loss_keeps_shift_ignore_index_and_num_items_in_batch():
     labels = torch.randint(0, 11, (2, 7), generator=g)
     labels[0, 2] = -100
     labels[1, 4] = 5
-    cases = [{}, {"num_items_in_batch": torch.tensor(9)}, {"num_items_in_batch": 9}, {"ignore_index": 5},
-             {"shift_labels": torch.randint(0, 11, (2, 7), generator=g)}]
+    cases = [(labels, {}), (labels, {"num_items_in_batch": torch.tensor(9)}), (labels, {"num_items_in_batch": 9}),
+             (labels.masked_fill(labels == -100, 5), {"ignore_index": 5}),
+             (labels, {"shift_labels": torch.randint(0, 11, (2, 7), generator=g)})]
     for env in ({"NKI_AUTOTUNE_KERNELS": "off"}, {"NKI_AUTOTUNE_KERNELS": "on"}):
         with scope(**env):
-            for kw in cases:
+            for y, kw in cases:
                 got_x = logits.clone().requires_grad_()
                 want_x = logits.clone().requires_grad_()
-                got = hf.causal_lm_loss(got_x, labels, 11, **kw)
-                want = ForCausalLMLoss(want_x, labels, 11, **kw)
+                got = hf.causal_lm_loss(got_x, y, 11, **kw)
+                want = ForCausalLMLoss(want_x, y, 11, **kw)
                 got.backward()
                 want.backward()
                 assert rel_err(got, want) <= 1e-6 and rel_err(got_x.grad, want_x.grad) <= 1e-5, (env, kw)
@@ -169,9 +175,10 @@ def test_twenty_adamw_steps_follow_the_unpatched_run(family, switches):
             hf.patch(model)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         run_losses = []
-        for step in range(20):
+        inputs = batch(100)  # one batch, learnt by heart: the loss falls fast
+        for _ in range(20):
             opt.zero_grad(set_to_none=True)
-            out = model(**batch(100 + step))
+            out = model(**inputs)
             out.loss.backward()
             opt.step()
             run_losses.append(out.loss.item())
@@ -184,7 +191,9 @@ def test_unpatch_restores_the_forwards_and_the_rotary_function(switches):
     import transformers.models.llama.modeling_llama as modeling
 
     switches(NKI_AUTOTUNE_KERNELS="on")
+    gc.collect()  # models other tests patched and dropped count as unpatched
     original = modeling.apply_rotary_pos_emb
+    assert original.__module__ == modeling.__name__ and not hasattr(original, "__wrapped__")
     ref, model, other = build("llama"), build("llama"), build("llama")
     before = {n: p for n, p in model.named_parameters()}
     state = {k: (v.data_ptr(), v.dtype, v.device) for k, v in model.state_dict().items()}
@@ -199,6 +208,12 @@ def test_unpatch_restores_the_forwards_and_the_rotary_function(switches):
     hf.unpatch(model)
     assert modeling.apply_rotary_pos_emb is not original  # `other` is still patched
     hf.unpatch(other)
+    assert modeling.apply_rotary_pos_emb is original
+    dropped = build("llama")
+    hf.patch(dropped)
+    assert modeling.apply_rotary_pos_emb is not original
+    del dropped
+    gc.collect()
     assert modeling.apply_rotary_pos_emb is original
     for m in (model, other):
         assert not [n for n, x in m.named_modules() if "forward" in x.__dict__ or "_loss_function" in x.__dict__]
@@ -259,7 +274,7 @@ def test_versions_outside_the_tested_range_are_refused_and_the_extra_pins_that_r
     assert hf.check_version() == transformers.__version__
     extras = (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]")[1].split("\n[")[0]
     pins = [line.split("=", 1)[0].strip() for line in extras.splitlines() if f'"transformers{hf.SUPPORTED}"' in line]
-    assert pins == ["dev", "hf"]
+    assert sorted(pins) == ["dev", "hf"]
 
 
 def test_a_rotary_function_moved_out_of_the_attention_is_refused():

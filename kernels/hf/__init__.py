@@ -40,7 +40,11 @@ def patch(model: nn.Module, *, rmsnorm: bool = True, swiglu: bool = True, rope: 
               "embedding": embedding}
     for family in families_of(model):
         for op, name, module in _candidates(model, family):
-            if not wanted[op] or _patched_op(module) == op:
+            if _patched_op(module) == op:
+                if op == "rope":  # a copy of a patched model: its attention modules are new
+                    _rope.route(family.modeling, module)
+                continue
+            if not wanted[op]:
                 continue
             _check_own_forward(name, module, op)
             if op == "cross_entropy":

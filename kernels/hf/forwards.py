@@ -10,8 +10,12 @@ from .. import cross_entropy, embedding, rmsnorm, swiglu
 
 
 def rmsnorm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    """``LlamaRMSNorm.forward`` and its copies in Mistral, Qwen2 and Qwen3 (also Qwen3's ``q_norm``/``k_norm``)."""
-    return rmsnorm(hidden_states, self.weight, self.variance_epsilon)
+    """``LlamaRMSNorm.forward`` and its copies in Mistral, Qwen2 and Qwen3 (also Qwen3's ``q_norm``/``k_norm``).
+
+    Computed in float32 and returned in the dtype transformers returns, as transformers does: a bfloat16 model's
+    norm computed in bfloat16 would move its gradients by a few percent (the casts are no-ops in float32)."""
+    dtype = torch.promote_types(hidden_states.dtype, self.weight.dtype)
+    return rmsnorm(hidden_states.float(), self.weight.float(), self.variance_epsilon).to(dtype)
 
 
 def mlp_forward(self, x: torch.Tensor) -> torch.Tensor:

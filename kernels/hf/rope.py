@@ -10,6 +10,7 @@ at trace time (no graph break) and other threads never see it.
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 import weakref
@@ -22,15 +23,24 @@ from torch import nn
 from .. import rope
 
 NAME = "apply_rotary_pos_emb"
-_inside = threading.local()
-_patched: dict[str, weakref.WeakSet] = {}
+
+
+class _Inside(threading.local):
+    def __init__(self) -> None:
+        self.patched_attention = False
+        """True while a patched attention's forward runs in this thread."""
+
+
+_inside = _Inside()
+_live: dict[str, dict[int, weakref.finalize]] = {}
+"""Per modeling module: its patched attention modules (by id), each with the finalizer that forgets it."""
 _routers: dict[str, tuple[Callable, Callable]] = {}
 """Per modeling module: its original function and the router installed in its place."""
 
 
 def attention_forward(self, *args, **kwargs):
     """The attention class's own forward, with its rotary embedding routed to the pack."""
-    outer = getattr(_inside, "patched_attention", False)
+    outer = _inside.patched_attention
     _inside.patched_attention = True
     try:
         return type(self).forward(self, *args, **kwargs)
@@ -41,7 +51,7 @@ def attention_forward(self, *args, **kwargs):
 def _router(original: Callable) -> Callable:
     def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *args,
                              **kwargs):
-        if (args or kwargs or not getattr(_inside, "patched_attention", False)
+        if (args or kwargs or not _inside.patched_attention
                 or q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.dim() != 3):
             return original(q, k, cos, sin, *args, **kwargs)
         return rope(q, k, cos, sin)
@@ -69,20 +79,29 @@ def route(modeling: ModuleType, attention: nn.Module) -> None:
         original = getattr(modeling, NAME)
         _routers[key] = (original, _router(original))
         setattr(modeling, NAME, _routers[key][1])
-    _patched.setdefault(key, weakref.WeakSet()).add(attention)
+    live = _live.setdefault(key, {})
+    if id(attention) not in live:
+        live[id(attention)] = weakref.finalize(attention, _release, key, id(attention))
 
 
 def unroute(modeling: ModuleType, attention: nn.Module) -> None:
-    """Forget ``attention``; with no patched attention of ``modeling`` left, put the original function back."""
-    key = modeling.__name__
-    patched = _patched.get(key)
-    if patched is not None:
-        patched.discard(attention)
-    if patched or key not in _routers:
+    """Forget ``attention`` (unpatched); with no patched attention of ``modeling`` left, put the original back."""
+    fin = _live.get(modeling.__name__, {}).get(id(attention))
+    if fin is not None:
+        fin.detach()
+        _release(modeling.__name__, id(attention))
+
+
+def _release(key: str, ident: int) -> None:
+    """One patched attention of ``key`` is gone (unpatched or collected): the last one restores the original."""
+    live = _live.get(key, {})
+    live.pop(ident, None)
+    if live or key not in _routers:
         return
     original, router = _routers.pop(key)
+    modeling = sys.modules[key]
     if getattr(modeling, NAME, None) is router:
         setattr(modeling, NAME, original)
     else:
         warnings.warn(f"{key}.{NAME} was replaced after nki_autotune.kernels.hf.patch and is left as it is; the "
-                      f"router it may still call now calls the original everywhere", stacklevel=3)
+                      f"router it may still call now calls the original everywhere", stacklevel=2)
