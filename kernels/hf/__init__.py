@@ -113,13 +113,13 @@ def _candidates(model: nn.Module, family: Family) -> Iterator[tuple[str, str, nn
             yield "swiglu", name, m
         elif kind is attention:
             yield "rope", name, m
-        elif kind is base and _plain_embedding(m.embed_tokens):
+        elif kind is base and _plain_embedding(getattr(m, "embed_tokens", None)):
             yield "embedding", f"{name}.embed_tokens".lstrip("."), m.embed_tokens
         elif kind is causal_lm and ("_loss_function" in m.__dict__ or m.loss_function is ForCausalLMLoss):
             yield "cross_entropy", name, m
 
 
-def _plain_embedding(m: nn.Module) -> bool:
+def _plain_embedding(m: nn.Module | None) -> bool:
     return (type(m) is nn.Embedding and m.max_norm is None and not m.scale_grad_by_freq and not m.sparse)
 
 

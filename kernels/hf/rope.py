@@ -3,9 +3,10 @@
 
 While a model of the family is patched, that name holds a router: inside the forward of a patched attention
 module it calls ``nk.rope``; anywhere else it calls the original function, so unpatched models compute what
-they computed. The last ``unpatch`` of the family puts the original back. Which attention is running is a
-thread-local flag, set by the patched attention's forward around its class's forward: compiled graphs read it
-at trace time (no graph break) and other threads never see it.
+they computed. The original comes back when the family's last patched attention is unpatched or collected.
+Which attention is running is a thread-local flag, set by the patched attention's forward around its class's
+forward: compiled graphs read it at trace time (no graph break, no guard that changes between steps) and other
+threads never see it.
 """
 
 from __future__ import annotations
