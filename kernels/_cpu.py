@@ -1,4 +1,14 @@
-"""What every numba kernel of the pack shares: compilation, launch, zero-copy views."""
+"""What every numba kernel of the pack shares: compilation, launch, zero-copy views, bfloat16 elements.
+
+numba has no bfloat16: a bfloat16 tensor reaches a kernel as its int16 bits (``array``). Kernels read every
+element through ``f32`` and write through ``cast_to``; both are specialised by type at compile time, so a
+float32 kernel compiles to what it would without them, and a bfloat16 one widens exactly (a 16-bit shift)
+and narrows by round-to-nearest-even, as ``Tensor.to(torch.bfloat16)`` does (nan stays nan).
+
+Kernels compile with the fast-math flags that let sums vectorise (reassociation, contraction, reciprocals,
+signless zeros) but not ``nnan``/``ninf``: inf and nan follow IEEE arithmetic as in PyTorch. Division by
+zero gives inf or nan as in numpy (``error_model="numpy"``), never an exception.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +20,12 @@ import numpy as np
 import torch
 from llvmlite import ir
 from numba import types as nbtypes
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
+
+FASTMATH = {"nsz", "arcp", "contract", "reassoc"}
+FLOATS = ("float32", "bfloat16")
+"""The float dtypes every CPU kernel takes (computing in float32)."""
+_OPTS = dict(fastmath=FASTMATH, error_model="numpy")
 
 
 def kernel(fn: Callable) -> tuple[Callable, Callable]:
@@ -18,11 +33,16 @@ def kernel(fn: Callable) -> tuple[Callable, Callable]:
 
     One thread skips the parallel launch, which costs more than small inputs take.
     """
-    opts = dict(fastmath=True, cache=True, nogil=True)
+    opts = dict(cache=True, nogil=True, **_OPTS)
     # numba's on-disk cache is keyed by qualified name: give the serial build its own.
     serial = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial", fn.__defaults__)
     serial.__qualname__ = fn.__qualname__ + "_serial"
     return numba.njit(**opts)(serial), numba.njit(parallel=True, **opts)(fn)
+
+
+def inline(fn: Callable) -> Callable:
+    """A helper compiled into the kernels that call it, with the kernels' arithmetic rules."""
+    return numba.njit(inline="always", **_OPTS)(fn)
 
 
 @intrinsic
@@ -33,13 +53,70 @@ def _f32_from_bits(typingctx, bits):
     return nbtypes.float32(nbtypes.int32), codegen
 
 
-_LO, _HI = np.float32(-87.33654), np.float32(88.72283)
+@intrinsic
+def _bits_from_f32(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return nbtypes.int32(nbtypes.float32), codegen
 
 
-@numba.njit(inline="always", fastmath=True)
+def f32(v):
+    """One element as float32: a float32 as it is, a bfloat16 (int16 bits) widened exactly."""
+    raise NotImplementedError("f32 runs only inside numba kernels")
+
+
+def cast_to(a, v):
+    """float32 ``v`` as an element of array ``a``: as it is for float32, rounded to bfloat16 bits for int16."""
+    raise NotImplementedError("cast_to runs only inside numba kernels")
+
+
+@overload(f32, inline="always", jit_options=_OPTS)
+def _f32(v):
+    if v == nbtypes.float32:
+        return lambda v: v
+    if v == nbtypes.int16:
+        return lambda v: _f32_from_bits(np.int32(v) << np.int32(16))
+    return None
+
+
+@overload(cast_to, inline="always", jit_options=_OPTS)
+def _cast_to(a, v):
+    if a.dtype == nbtypes.float32:
+        return lambda a, v: np.float32(v)
+    if a.dtype == nbtypes.int16:
+        return lambda a, v: bf16_bits(np.float32(v))
+    return None
+
+
+def holds_f32(a):
+    """Whether array ``a`` holds float32 elements (a compile-time constant: the branch not taken is dropped)."""
+    raise NotImplementedError("holds_f32 runs only inside numba kernels")
+
+
+@overload(holds_f32, inline="always", jit_options=_OPTS)
+def _holds_f32(a):
+    is_f32 = a.dtype == nbtypes.float32
+    return lambda a: is_f32
+
+
+@inline
+def bf16_bits(v):
+    """The bfloat16 nearest to float32 ``v`` (ties to even; nan to a quiet nan), as int16 bits."""
+    b = np.int64(_bits_from_f32(v)) & 0xFFFFFFFF
+    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    nan = np.int64((b & 0x7FFFFFFF) > 0x7F800000)
+    return np.int16(r + nan * (0x7FC0 - r))  # no branch: numba's inliner leaves none in the caller's loop
+
+
+_LO, _HI = np.float32(-103.972084), np.float32(88.72284)
+
+
+@inline
 def exp32(x):
     """float32 exp that LLVM can vectorise (Cephes expf: Cody-Waite reduction, degree-6 polynomial, 2^k built
-    from its bits); relative error about 1.2e-7. numba's own np.exp is a scalar libm call per element here."""
+    from its bits in two halves so that results down in the subnormals and up to the largest float are
+    reached); relative error about 1.2e-7. numba's own np.exp is a scalar libm call per element here."""
     xc = min(max(x, _LO), _HI)
     k = np.floor(xc * np.float32(1.44269504) + np.float32(0.5))
     r = xc - k * np.float32(0.693359375) + k * np.float32(2.12194440e-4)
@@ -50,13 +127,19 @@ def exp32(x):
     p = p * r + np.float32(1.6666665459e-1)
     p = p * r + np.float32(5.0000001201e-1)
     p = p * r * r + r + np.float32(1.0)
-    e = p * _f32_from_bits((np.int32(k) + np.int32(127)) << np.int32(23))
+    # 2^k in two halves: the first added to p's exponent bits (p is near 1, so this stays normal and exact;
+    # an integer step, so reassociation cannot fold the two halves into one 2^k that overflows at k = 128),
+    # the second multiplied in, rounding into the subnormals or up to inf as the true value does
+    ki = np.int32(k)
+    k1 = ki >> np.int32(1)
+    e = _f32_from_bits(_bits_from_f32(p) + (k1 << np.int32(23))) * _f32_from_bits((ki - k1 + np.int32(127))
+                                                                                  << np.int32(23))
     e = np.float32(0.0) if x < _LO else e
     e = np.float32(np.inf) if x > _HI else e
     return x if x != x else e
 
 
-@numba.njit(inline="always", fastmath=True)
+@inline
 def max_sumexp(x, r, online, skip=-1):
     """Row r's max m and the sum of exp(x - m) over every column but ``skip``: in one pass rescaling the
     sum (online) or in two. Leaving a column out of the sum, rather than subtracting it afterwards, keeps
@@ -66,7 +149,7 @@ def max_sumexp(x, r, online, skip=-1):
     s = zero
     if online:
         for j in range(x.shape[1]):
-            v = x[r, j]
+            v = f32(x[r, j])
             if v > m:
                 s = s * exp32(m - v) + (zero if j == skip else np.float32(1.0))
                 m = v
@@ -74,7 +157,7 @@ def max_sumexp(x, r, online, skip=-1):
                 s += zero if j == skip else exp32(v - m)
     else:
         for j in range(x.shape[1]):
-            m = max(m, x[r, j])
+            m = max(m, f32(x[r, j]))
         if skip < 0:
             s = sumexp(x[r], m)
         else:  # two slices: a per-column skip test, or a loop from a run-time start, defeats the vectoriser
@@ -82,15 +165,15 @@ def max_sumexp(x, r, online, skip=-1):
     return m, s
 
 
-@numba.njit(inline="always", fastmath=True)
+@inline
 def sumexp(row, m):
     s = np.float32(0.0)
     for j in range(row.shape[0]):
-        s += exp32(row[j] - m)
+        s += exp32(f32(row[j]) - m)
     return s
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="always", error_model="numpy")
 def softplus64(z):
     """log(1 + exp(z)) in float64 without overflow, exact to a few ulps for tiny results."""
     return z + np.log1p(np.exp(-z)) if z > 0.0 else np.log1p(np.exp(z))
@@ -105,8 +188,9 @@ def launch(kern: tuple[Callable, Callable], threads: int, *args) -> None:
 
 
 def array(t: torch.Tensor) -> np.ndarray:
-    """A numpy view of a CPU tensor's memory (no copy)."""
-    return t.detach().numpy()
+    """A numpy view of a CPU tensor's memory (no copy); a bfloat16 tensor's as int16 bits."""
+    t = t.detach()
+    return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
 
 
 def max_threads() -> int:
@@ -132,14 +216,16 @@ def rows_view(spec_shape: tuple[int, ...], strides: tuple[int, ...] | None) -> b
 
 
 def require(specs, dtypes: dict[int, tuple[str, ...]], contiguous: bool = True) -> str | None:
-    """The common part of supports(): each listed input's dtype, and contiguity of all inputs."""
+    """The common part of supports(): each listed input's dtype, one float dtype for all float inputs (the
+    expression would promote mixed ones), and contiguity of all inputs."""
     for i, allowed in dtypes.items():
         if specs[i].dtype not in allowed:
             return f"input {i} of dtype {specs[i].dtype} (supports {', '.join(allowed)})"
+    floats = sorted({s.dtype for s in specs if s.is_float})
+    if len(floats) > 1:
+        return f"mixed float dtypes {', '.join(floats)} (supports one float dtype for all inputs)"
     if contiguous and not all(s.is_contiguous for s in specs):
         return "non-contiguous inputs"
-    if any(s.numel == 0 for s in specs):
-        return "empty inputs"
     return None
 
 

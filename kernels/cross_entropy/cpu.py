@@ -6,19 +6,25 @@ vocabulary's softmax is materialised once, as the gradient itself. ``online=1``
 finds max and sum in one pass (rescaling the sum), ``online=0`` in two. The target's
 own exponential is kept out of the sum: the loss is then softplus(log(rest) - (x_t - max))
 and the target's gradient -rest, both exact even when the target's probability rounds to 1.
+float32 or bfloat16 logits (computed in float32, the loss summed in float64). An ignored row adds nothing to
+the loss, and its gradient is 0, or nan where its log-softmax is nan (a nan, +inf or all -inf row), as
+PyTorch's log-softmax backward gives.
 """
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
 from .._cpu import (
+    FLOATS,
     array,
+    cast_to,
     exp32,
+    f32,
+    inline,
     kernel,
     launch,
     max_sumexp,
@@ -39,18 +45,18 @@ def _forward_body(x, target, ignore, online, losses, lse):
             lse[r] = m + np.log(rest)
             losses[r] = 0.0
             continue
-        d = x[r, t] - m  # <= 0
+        d = f32(x[r, t]) - m  # <= 0
         lse[r] = m + np.log(rest + exp32(d))
         losses[r] = softplus64(np.log(np.float64(rest)) - d)  # = lse - x_t, with no cancellation
 
 
-@numba.njit(inline="always", fastmath=True)
+@inline
 def _write_probs(xs, lse, scale, ds):
     """ds = exp(xs - lse) * scale over one row slice; returns the sum of those probabilities."""
     s = np.float32(0.0)
     for j in range(xs.shape[0]):
-        p = exp32(xs[j] - lse)
-        ds[j] = p * scale
+        p = exp32(f32(xs[j]) - lse)
+        ds[j] = cast_to(ds, p * scale)
         s += p
     return s
 
@@ -59,14 +65,15 @@ def _backward_body(x, target, ignore, lse, scale, dx):
     n, v = x.shape
     for r in prange(n):
         t = target[r]
-        if t == ignore:
-            for j in range(v):
-                dx[r, j] = 0.0
-            continue
         l = lse[r]
+        if t == ignore:
+            z = np.float32(0.0) if np.isfinite(l) else np.float32(np.nan)  # exp(log-softmax) * 0
+            for j in range(v):
+                dx[r, j] = cast_to(dx, z)
+            continue
         # 1 - p_target, summed from the other columns rather than cancelled
         rest = _write_probs(x[r, :t], l, scale, dx[r, :t]) + _write_probs(x[r, t + 1:], l, scale, dx[r, t + 1:])
-        dx[r, t] = -rest * scale
+        dx[r, t] = cast_to(dx, -rest * scale)
 
 
 _forward = kernel(_forward_body)
@@ -105,12 +112,13 @@ def backward(grads, tensors, results, attrs, config):
     dx = torch.empty(x.shape, dtype=x.dtype)
     scale = float(g) * _weight(t, attrs)
     launch(_backward, config["threads"], array(x), t, attrs["ignore_index"], array(lse), np.float32(scale),
-           dx.numpy())
+           array(dx))
     return (dx,)
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
-    return shape_problem(specs, attrs) or require(specs, {0: ("float32",), 1: ("int64",)})
+    """Logits in any layout; int64 targets (PyTorch takes no other class indices)."""
+    return shape_problem(specs, attrs) or require(specs, {0: FLOATS, 1: ("int64",)}, contiguous=False)
 
 
 def constraint(config: dict, key: Key) -> bool:

@@ -163,6 +163,8 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     if why:
         return why
     x, t = specs
+    if x.numel == 0:
+        return "empty logits"
     if x.dtype not in ("float32", "bfloat16") or t.dtype not in ("int64", "int32"):
         return f"logits {x.dtype}, target {t.dtype} (supports float32/bfloat16 logits, int targets)"
     if attrs["reduction"] != "mean":

@@ -35,7 +35,7 @@ def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 def shape_problem(specs, attrs: dict) -> str | None:
     x, t = specs
-    if len(x.shape) != 2 or len(t.shape) != 1 or t.shape[0] != x.shape[0] or x.numel == 0:
+    if len(x.shape) != 2 or len(t.shape) != 1 or t.shape[0] != x.shape[0]:
         return f"logits {list(x.shape)} and target {list(t.shape)} (supports logits [N, V], target [N])"
     if attrs["reduction"] not in REDUCTIONS:
         return f"reduction={attrs['reduction']!r} (supports {', '.join(map(repr, REDUCTIONS))})"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import array, max_threads, out_of_range, require, thread_choices
+from .._cpu import FLOATS, array, max_threads, out_of_range, require, thread_choices
 from .._indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
 from .op import EMBEDDING, fake, padding_row
 
@@ -17,15 +17,16 @@ def forward(tensors, attrs, config):
     if out_of_range(idx, w.shape[0]) is not None:
         raise IndexError("index out of range in self")
     out = torch.empty((*ids.shape, w.shape[1]), dtype=w.dtype)
-    gather(array(w), idx, out.numpy().reshape(idx.size, -1), config["threads"])
+    gather(array(w), idx, array(out).reshape(idx.size, w.shape[1]), config["threads"])
     return (out,)
 
 
 def backward(grads, tensors, results, attrs, config):
     (dy,), (ids, w) = grads, tensors
-    dw = torch.empty(w.shape, dtype=w.dtype)
+    dw = torch.empty(w.shape)  # float32 sums, rounded once to a bfloat16 weight's dtype
     idx = array(ids).reshape(-1)
-    scatter_add(array(dy).reshape(idx.size, -1), idx, dw.numpy(), config["scatter"], config["threads"])
+    scatter_add(array(dy).reshape(idx.size, w.shape[1]), idx, dw.numpy(), config["scatter"], config["threads"])
+    dw = dw.to(w.dtype)
     pad = padding_row(attrs["padding_idx"], w.shape[0])
     if pad is not None:
         dw[pad] = 0
@@ -39,7 +40,7 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     p = attrs["padding_idx"]
     if p is not None and padding_row(p, w.shape[0]) is None:
         return f"padding_idx={p} outside the {w.shape[0]} rows of weight"
-    return require(specs, {0: ("int64",), 1: ("float32",)})
+    return require(specs, {0: ("int64", "int32"), 1: FLOATS})
 
 
 def constraint(config: dict, key: Key) -> bool:
