@@ -21,7 +21,7 @@ from nki_autotune.kernels import hf  # noqa: E402
 from nki_autotune.registry import Entry, get_op, load_profile, ops, record, scope  # noqa: E402
 
 from .helpers import rel_err  # noqa: E402
-from .test_compile import Graphs, targets  # noqa: E402
+from .test_compile import Graphs, fresh, targets  # noqa: E402, F401  (fresh: dynamo reset around each test)
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = {  # config class, model class, what the family adds to the tiny config
@@ -83,14 +83,6 @@ def table_for(model, inputs, tmp_path, write_table) -> str:
         entries.append(Entry(key, impl.name if i % 2 == 0 else None, dict(impl.default) if i % 2 == 0 else {},
                              reason="test"))
     return write_table(entries)
-
-
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
