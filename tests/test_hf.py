@@ -79,10 +79,14 @@ def table_for(model, inputs, tmp_path, write_table) -> str:
         run(model, inputs)
     entries = []
     for i, key in enumerate(load_profile(path, ops()).keys(ops())):
-        impl = next(i for i in get_op(key.op).impls.values() if i.backend == "cpu")
+        impl = cpu_impl(key.op)
         entries.append(Entry(key, impl.name if i % 2 == 0 else None, dict(impl.default) if i % 2 == 0 else {},
                              reason="test"))
     return write_table(entries)
+
+
+def cpu_impl(op: str):
+    return next(impl for impl in get_op(op).impls.values() if impl.backend == "cpu")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
@@ -167,7 +171,7 @@ def test_compiled_patched_model_has_one_graph_with_every_op_a_kernel(family, swi
     assert len(graphs.dynamo) == 1 and len(graphs.forward) == 1 and len(graphs.backward) == 1
     fwd = [str(n.target) for n in graphs.forward[0].graph.nodes if n.op == "call_function"]
     for op, n in counts.items():
-        impl = next(i for i in get_op(op).impls.values() if i.backend == "cpu")
+        impl = cpu_impl(op)
         assert fwd.count(f"nki_autotune.{impl.op_name}.default") == n, op
         assert f"nki_autotune.{impl.op_name}_backward.default" in targets(graphs.backward[0]), op
 
