@@ -335,3 +335,19 @@ def test_the_checkout_kernels_folder_does_not_shadow_hugging_face_kernels(tmp_pa
     """, {"PYTHONPATH": str(tmp_path / "site")})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == [str(installed / "__init__.py"), "True", "nki_autotune.kernels.swiglu"]
+
+
+def test_the_example_step_factory_is_reproducible():
+    """examples/train.py's make_step() (verify's STEP): two calls give the same weights and batches; the step
+    returns the loss."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("example_train", ROOT / "examples" / "train.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.BATCH, example.SEQ = 2, 64  # the protocol, at a smaller batch
+    a, b = example.make_step(compile=False), example.make_step(compile=False)
+    first = [a() for _ in range(2)]
+    second = [b() for _ in range(2)]
+    assert all(x.dim() == 0 and not x.requires_grad for x in first)
+    assert torch.equal(torch.stack(first), torch.stack(second)) and torch.isfinite(first[0])
