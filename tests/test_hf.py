@@ -288,7 +288,7 @@ def test_versions_outside_the_tested_range_are_refused_and_the_extra_pins_that_r
     assert sorted(pins) == ["dev", "hf"]
 
 
-def test_a_rotary_function_moved_out_of_the_attention_is_refused():
+def test_code_transformers_moved_is_refused_not_patched_into_a_no_op(monkeypatch):
     import transformers.models.llama.modeling_llama as modeling
 
     class Attention(torch.nn.Module):
@@ -297,6 +297,11 @@ def test_a_rotary_function_moved_out_of_the_attention_is_refused():
 
     with pytest.raises(RuntimeError, match="does not call .*apply_rotary_pos_emb.*rope=False"):
         hf.check_routable(modeling, Attention)
+    model = build("llama")
+    monkeypatch.setattr(modeling.LlamaForCausalLM, "forward", lambda self, **kw: kw)
+    with pytest.raises(RuntimeError, match="through self.loss_function.*cross_entropy=False"):
+        hf.patch(model)
+    hf.unpatch(model)
 
 
 def _from_checkout(code: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:

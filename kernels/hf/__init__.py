@@ -21,7 +21,7 @@ from types import MethodType
 from torch import nn
 
 from . import rope as _rope
-from .families import Family, UnsupportedModel, families_of
+from .families import Family, UnsupportedModel, families_of, forward_uses
 from .forwards import causal_lm_loss, embedding_forward, mlp_forward, rmsnorm_forward
 from .rope import check_routable
 from .version import SUPPORTED, UnsupportedVersion, check_version
@@ -48,6 +48,10 @@ def patch(model: nn.Module, *, rmsnorm: bool = True, swiglu: bool = True, rope: 
                 continue
             _check_own_forward(name, module, op)
             if op == "cross_entropy":
+                if not forward_uses(type(module), "loss_function"):
+                    raise RuntimeError(
+                        f"nki_autotune.kernels.hf: {type(module).__qualname__}.forward does not compute its loss "
+                        f"through self.loss_function in this transformers version; patch with cross_entropy=False")
                 module.loss_function = causal_lm_loss
                 continue
             if op == "rope":

@@ -29,6 +29,14 @@ FAMILIES = {f.model_type: f for f in (Family("llama", "Llama"), Family("mistral"
                                       Family("qwen2", "Qwen2"), Family("qwen3", "Qwen3"))}
 
 
+def forward_uses(cls: type, name: str) -> bool:
+    """Whether ``cls.forward`` (under its decorators) reads the global or attribute ``name`` when it runs."""
+    forward = cls.forward
+    while hasattr(forward, "__wrapped__"):
+        forward = forward.__wrapped__
+    return name in forward.__code__.co_names
+
+
 class UnsupportedModel(ValueError):
     """The model is not one of the families the patching knows."""
 

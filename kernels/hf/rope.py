@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .. import rope
+from .families import forward_uses
 
 NAME = "apply_rotary_pos_emb"
 
@@ -64,10 +65,7 @@ def _router(original: Callable) -> Callable:
 
 def check_routable(modeling: ModuleType, attention: type) -> None:
     """An error where this transformers moved the rotary embedding out of the attention's reach."""
-    forward = attention.forward
-    while hasattr(forward, "__wrapped__"):
-        forward = forward.__wrapped__
-    if not callable(getattr(modeling, NAME, None)) or NAME not in forward.__code__.co_names:
+    if not callable(getattr(modeling, NAME, None)) or not forward_uses(attention, NAME):
         raise RuntimeError(
             f"nki_autotune.kernels.hf: {attention.__qualname__}.forward does not call {modeling.__name__}.{NAME} in "
             f"this transformers version, so its rotary embedding cannot be routed; patch with rope=False")
