@@ -274,7 +274,7 @@ def test_a_forward_set_by_someone_else_is_not_overwritten():
     mlp.forward = lambda x: x
     with pytest.raises(ValueError, match="model.layers.1.mlp has its own forward"):
         hf.patch(model)
-    hf.unpatch(model)
+    assert hf.sites(model) == {op: [] for op in hf.OPS}
     assert hf.patch(model, swiglu=False)["swiglu"] == 0
     hf.unpatch(model)
 
@@ -301,7 +301,7 @@ def test_code_transformers_moved_is_refused_not_patched_into_a_no_op(monkeypatch
     monkeypatch.setattr(modeling.LlamaForCausalLM, "forward", lambda self, **kw: kw)
     with pytest.raises(RuntimeError, match="through self.loss_function.*cross_entropy=False"):
         hf.patch(model)
-    hf.unpatch(model)
+    assert hf.sites(model) == {op: [] for op in hf.OPS}  # refused: nothing bound
 
 
 def _from_checkout(code: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:

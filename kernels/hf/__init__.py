@@ -34,30 +34,27 @@ _OP_OF = {f: op for op, f in _FORWARD.items()}
 
 def patch(model: nn.Module, *, rmsnorm: bool = True, swiglu: bool = True, rope: bool = True,
           cross_entropy: bool = True, embedding: bool = True) -> dict[str, int]:
-    """Patch ``model`` in place; returns the number of call sites of each op that now run the pack."""
+    """Patch ``model`` in place; returns the number of call sites of each op that now run the pack.
+    Every check runs before anything is bound: a refused model is left as it was."""
     check_version()
     wanted = {"rmsnorm": rmsnorm, "swiglu": swiglu, "rope": rope, "cross_entropy": cross_entropy,
               "embedding": embedding}
+    todo = []
     for family in families_of(model):
         for op, name, module in _candidates(model, family):
             if _patched_op(module) == op:
                 if op == "rope":  # a copy of a patched model: its attention modules are new
                     _rope.route(family.modeling, module)
-                continue
-            if not wanted[op]:
-                continue
-            _check_own_forward(name, module, op)
-            if op == "cross_entropy":
-                if not forward_uses(type(module), "loss_function"):
-                    raise RuntimeError(
-                        f"nki_autotune.kernels.hf: {type(module).__qualname__}.forward does not compute its loss "
-                        f"through self.loss_function in this transformers version; patch with cross_entropy=False")
-                module.loss_function = causal_lm_loss
-                continue
-            if op == "rope":
-                _rope.check_routable(family.modeling, type(module))
-                _rope.route(family.modeling, module)
-            module.forward = MethodType(_FORWARD[op], module)
+            elif wanted[op]:
+                _check(name, module, op, family)
+                todo.append((op, module, family))
+    for op, module, family in todo:
+        if op == "cross_entropy":
+            module.loss_function = causal_lm_loss
+            continue
+        if op == "rope":
+            _rope.route(family.modeling, module)
+        module.forward = MethodType(_FORWARD[op], module)
     return {op: len(names) for op, names in sites(model).items()}
 
 
@@ -91,15 +88,22 @@ def _patched_op(module: nn.Module) -> str | None:
     return _OP_OF.get(getattr(fwd, "__func__", None)) if isinstance(fwd, MethodType) else None
 
 
-def _check_own_forward(name: str, module: nn.Module, op: str) -> None:
-    """Only modules that run their class's computation are patched: a forward (or loss function) set on the
-    instance by something else would be lost silently."""
+def _check(name: str, module: nn.Module, op: str, family: Family) -> None:
+    """Only modules that run their class's computation, as this transformers writes it, are patched: a forward
+    (or loss function) set on the instance by something else would be lost, and code transformers moved would
+    leave the patch a silent no-op."""
     attr = "_loss_function" if op == "cross_entropy" else "forward"
     if attr in module.__dict__:
         raise ValueError(
             f"nki_autotune.kernels.hf.patch: {name or type(module).__name__} has its own {attr.lstrip('_')} set on "
             f"the instance (by another library, e.g. accelerate's hooks or another kernel patch); patch the model "
             f"before it, or pass {op}=False")
+    if op == "rope":
+        check_routable(family.modeling, type(module))
+    if op == "cross_entropy" and not forward_uses(type(module), "loss_function"):
+        raise RuntimeError(
+            f"nki_autotune.kernels.hf: {type(module).__qualname__}.forward does not compute its loss through "
+            f"self.loss_function in this transformers version; patch with cross_entropy=False")
 
 
 def _candidates(model: nn.Module, family: Family) -> Iterator[tuple[str, str, nn.Module]]:
