@@ -12,8 +12,10 @@ zero gives inf or nan as in numpy (``error_model="numpy"``), never an exception.
 
 from __future__ import annotations
 
+import hashlib
 import types
 from collections.abc import Callable
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -28,16 +30,25 @@ FLOATS = ("float32", "bfloat16")
 _OPTS = dict(fastmath=FASTMATH, error_model="numpy")
 
 
+_HELPERS = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:10]
+"""This module's source hash: numba's on-disk cache checks only the kernel's own file, so a kernel cached
+before a change of these helpers would otherwise keep running the old ones."""
+
+
 def kernel(fn: Callable) -> tuple[Callable, Callable]:
     """A serial and a parallel build of one kernel body (``prange`` is ``range`` in the serial one).
 
     One thread skips the parallel launch, which costs more than small inputs take.
     """
     opts = dict(cache=True, nogil=True, **_OPTS)
-    # numba's on-disk cache is keyed by qualified name: give the serial build its own.
-    serial = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial", fn.__defaults__)
-    serial.__qualname__ = fn.__qualname__ + "_serial"
-    return numba.njit(**opts)(serial), numba.njit(parallel=True, **opts)(fn)
+
+    def build(suffix: str, **extra) -> Callable:
+        # numba's on-disk cache is keyed by qualified name: each build, and each version of the helpers, its own
+        f = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + suffix, fn.__defaults__)
+        f.__qualname__ = f"{fn.__qualname__}{suffix}_{_HELPERS}"
+        return numba.njit(**opts, **extra)(f)
+
+    return build("_serial"), build("", parallel=True)
 
 
 def inline(fn: Callable) -> Callable:
@@ -59,6 +70,18 @@ def _bits_from_f32(typingctx, x):
         return builder.bitcast(args[0], ir.IntType(32))
 
     return nbtypes.int32(nbtypes.float32), codegen
+
+
+@intrinsic
+def fmax32(typingctx, a, b):
+    """The larger of two float32, nan if either is (``llvm.maximum``, as ``torch.maximum``): unlike Python's
+    ``max``, a running maximum of it vectorises without assuming away nan."""
+    def codegen(context, builder, signature, args):
+        f = ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.maximum", [f], ir.FunctionType(f, [f, f]))
+        return builder.call(fn, args)
+
+    return nbtypes.float32(nbtypes.float32, nbtypes.float32), codegen
 
 
 def f32(v):
@@ -109,14 +132,15 @@ def bf16_bits(v):
     return np.int16(r + nan * (0x7FC0 - r))  # no branch: numba's inliner leaves none in the caller's loop
 
 
-_LO, _HI = np.float32(-103.972084), np.float32(88.72284)
+_LO, _HI = np.float32(-86.643), np.float32(88.72283)
 
 
 @inline
 def exp32(x):
-    """float32 exp that LLVM can vectorise (Cephes expf: Cody-Waite reduction, degree-6 polynomial, 2^k built
-    from its bits in two halves so that results down in the subnormals and up to the largest float are
-    reached); relative error about 1.2e-7. numba's own np.exp is a scalar libm call per element here."""
+    """float32 exp that LLVM can vectorise (Cephes expf: Cody-Waite reduction, degree-6 polynomial, 2^k added
+    to the result's exponent bits); relative error about 1.2e-7 from 2.2e-38 up to the largest float; below
+    that 0 (PyTorch gives subnormals there: less than 2.2e-38 apart). numba's own np.exp is a scalar libm
+    call per element here."""
     xc = min(max(x, _LO), _HI)
     k = np.floor(xc * np.float32(1.44269504) + np.float32(0.5))
     r = xc - k * np.float32(0.693359375) + k * np.float32(2.12194440e-4)
@@ -127,13 +151,9 @@ def exp32(x):
     p = p * r + np.float32(1.6666665459e-1)
     p = p * r + np.float32(5.0000001201e-1)
     p = p * r * r + r + np.float32(1.0)
-    # 2^k in two halves: the first added to p's exponent bits (p is near 1, so this stays normal and exact;
-    # an integer step, so reassociation cannot fold the two halves into one 2^k that overflows at k = 128),
-    # the second multiplied in, rounding into the subnormals or up to inf as the true value does
-    ki = np.int32(k)
-    k1 = ki >> np.int32(1)
-    e = _f32_from_bits(_bits_from_f32(p) + (k1 << np.int32(23))) * _f32_from_bits((ki - k1 + np.int32(127))
-                                                                                  << np.int32(23))
+    # p * 2^k as an integer add to p's exponent: p is within [0.70, 1.42] (below 1 where k = 128, as x <= _HI),
+    # so the result is a normal float for every k in [-125, 128] that the clamp leaves
+    e = _f32_from_bits(_bits_from_f32(p) + (np.int32(k) << np.int32(23)))
     e = np.float32(0.0) if x < _LO else e
     e = np.float32(np.inf) if x > _HI else e
     return x if x != x else e
@@ -157,7 +177,7 @@ def max_sumexp(x, r, online, skip=-1):
                 s += zero if j == skip else exp32(v - m)
     else:
         for j in range(x.shape[1]):
-            m = max(m, f32(x[r, j]))
+            m = fmax32(m, f32(x[r, j]))
         if skip < 0:
             s = sumexp(x[r], m)
         else:  # two slices: a per-column skip test, or a loop from a run-time start, defeats the vectoriser
@@ -187,10 +207,18 @@ def launch(kern: tuple[Callable, Callable], threads: int, *args) -> None:
     kern[1](*args)
 
 
+_BF16, _I16, _F32 = torch.bfloat16, torch.int16, torch.float32
+
+
 def array(t: torch.Tensor) -> np.ndarray:
     """A numpy view of a CPU tensor's memory (no copy); a bfloat16 tensor's as int16 bits."""
     t = t.detach()
-    return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
+    return (t.view(_I16) if t.dtype is _BF16 else t).numpy()
+
+
+def rounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A float32 result ``t`` in ``dtype`` (rounded to nearest even for bfloat16; ``t`` itself for float32)."""
+    return t if dtype is _F32 else t.to(dtype)
 
 
 def max_threads() -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import FLOATS, array, max_threads, out_of_range, require, thread_choices
+from .._cpu import FLOATS, array, max_threads, out_of_range, require, rounded, thread_choices
 from .._indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
 from .op import EMBEDDING, fake, padding_row
 
@@ -23,10 +23,10 @@ def forward(tensors, attrs, config):
 
 def backward(grads, tensors, results, attrs, config):
     (dy,), (ids, w) = grads, tensors
-    dw = torch.empty(w.shape)  # float32 sums, rounded once to a bfloat16 weight's dtype
+    dw = torch.empty(w.shape, dtype=torch.float32)  # float32 sums, rounded once to a bfloat16 weight's dtype
     idx = array(ids).reshape(-1)
     scatter_add(array(dy).reshape(idx.size, w.shape[1]), idx, dw.numpy(), config["scatter"], config["threads"])
-    dw = dw.to(w.dtype)
+    dw = rounded(dw, w.dtype)
     pad = padding_row(attrs["padding_idx"], w.shape[0])
     if pad is not None:
         dw[pad] = 0

@@ -16,7 +16,7 @@ import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import FLOATS, array, cast_to, f32, kernel, launch, max_threads, require, rows_view, thread_choices
+from .._cpu import FLOATS, array, cast_to, f32, kernel, launch, max_threads, require, rounded, rows_view, thread_choices
 from .op import RMSNORM, fake, shape_problem
 
 ROWS_PER_TASK = (1, 4, 16, 64, 256)
@@ -104,11 +104,11 @@ def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: 
     rows = config["rows_per_task"]
     partial = torch.empty((-(-xa.shape[0] // rows), d)).numpy()  # torch's allocator reuses freed pages
     dx = torch.empty(x.shape, dtype=x.dtype)
-    dw = torch.empty(d)  # float32, rounded once to a bfloat16 weight's dtype
+    dw = torch.empty(d, dtype=torch.float32)  # rounded once to a bfloat16 weight's dtype
     threads = config["threads"]
     launch(_backward, threads, _rows(dy), xa, array(w), array(rstd).reshape(-1), rows, _rows(dx), partial)
     launch(_column_sum, threads if d > _COLS else 1, partial, dw.numpy())
-    return dx, dw.to(w.dtype)
+    return dx, rounded(dw, w.dtype)
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:

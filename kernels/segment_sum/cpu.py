@@ -7,7 +7,7 @@ import math
 import torch
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import FLOATS, array, max_threads, out_of_range, require, thread_choices
+from .._cpu import FLOATS, array, max_threads, out_of_range, require, rounded, thread_choices
 from .._indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
 from .op import SEGMENT_SUM, fake, shape_problem
 
@@ -20,10 +20,10 @@ def forward(tensors, attrs, config):
     bad = out_of_range(idx, n) if n * width else None  # index_add_ into nothing checks no index
     if bad is not None:  # the error index_add_ raises
         raise RuntimeError(f"index {bad} is out of bounds for dimension 0 with size {n}")
-    out = torch.empty((n, *src.shape[1:]))  # float32 sums, rounded once to a bfloat16 src's dtype
+    out = torch.empty((n, *src.shape[1:]), dtype=torch.float32)  # float32 sums, rounded once to a bfloat16 src's dtype
     scatter_add(array(src).reshape(idx.size, width), idx, out.numpy().reshape(n, width), config["scatter"],
                 config["threads"])
-    return (out.to(src.dtype),)
+    return (rounded(out, src.dtype),)
 
 
 def backward(grads, tensors, results, attrs, config):

@@ -6,6 +6,8 @@ then exp stored into the output with its sum, then one scaling pass (vectorises)
 Backward: dx = y * (dy - sum(dy * y)) from the saved output, with dy shifted by c, its value at the peak
 where some y is above one half (exact because sum(y) = 1). Without the shift a peaked row, y_peak within an
 ulp of 1, computes the peak's gradient as a difference of nearly equal numbers and keeps no correct digit.
+No shift where dy at the peak is inf or nan (nothing to keep; PyTorch's nan and inf then land where its
+formula puts them), nor for a bfloat16 y, whose rounded values do not sum to 1.
 float32 or bfloat16 (computed in float32; the bfloat16 output is what the backward reads, as in PyTorch).
 """
 
@@ -22,6 +24,7 @@ from .._cpu import (
     cast_to,
     exp32,
     f32,
+    fmax32,
     holds_f32,
     kernel,
     launch,
@@ -45,7 +48,7 @@ def _forward_body(x, online, y):
         else:  # max; exp (stored) and its sum; one scaling pass
             m = np.float32(-np.inf)
             for j in range(d):
-                m = max(m, f32(x[r, j]))
+                m = fmax32(m, f32(x[r, j]))
             s = np.float32(0.0)
             for j in range(d):
                 e = exp32(f32(x[r, j]) - m)
@@ -62,20 +65,19 @@ def _backward_body(dy, y, dx):
     n, d = y.shape
     half = np.float32(0.5)
     zero = np.float32(0.0)
+    shift = holds_f32(y)  # a bfloat16 y does not sum to 1 closely enough for the shift to be exact
     for r in prange(n):
-        a = zero  # sum(y * dy) and sum(y) over the entries below one half
-        b = zero
         c = zero  # dy at the peak, the one entry above one half if there is one
+        if shift:
+            for j in range(d):
+                c += zero if f32(y[r, j]) <= half else f32(dy[r, j])
+            c = c if np.isfinite(c) else zero  # an inf or nan dy: no digits to keep, PyTorch's own nan and inf
+        acc = zero  # sum(y * (dy - c)): the peak's own term is exactly 0
         for j in range(d):
-            yj, g = f32(y[r, j]), f32(dy[r, j])
-            low = yj <= half
-            a += yj * g if low else zero
-            b += yj if low else zero
-            c += zero if low else g
-        acc = a - c * b  # sum(y * (dy - c)): the peak's own term is exactly 0
+            acc += f32(y[r, j]) * (f32(dy[r, j]) - c)
         for j in range(d):  # the peak apart: fastmath may regroup (dy - c) - acc as dy - (c + acc)
             yj = f32(y[r, j])
-            dx[r, j] = cast_to(dx, yj * -acc if yj > half else yj * ((f32(dy[r, j]) - c) - acc))
+            dx[r, j] = cast_to(dx, yj * -acc if shift and yj > half else yj * ((f32(dy[r, j]) - c) - acc))
 
 
 _forward = kernel(_forward_body)
