@@ -5,14 +5,17 @@ element through ``f32`` and write through ``cast_to``; both are specialised by t
 float32 kernel compiles to what it would without them, and a bfloat16 one widens exactly (a 16-bit shift)
 and narrows by round-to-nearest-even, as ``Tensor.to(torch.bfloat16)`` does (nan stays nan).
 
-Kernels compile with the fast-math flags that let sums vectorise (reassociation, contraction, reciprocals,
-signless zeros) but not ``nnan``/``ninf``: inf and nan follow IEEE arithmetic as in PyTorch. Division by
-zero gives inf or nan as in numpy (``error_model="numpy"``), never an exception.
+Kernels compile with the fast-math flags that let sums vectorise (reassociation, signless zeros) and no
+others: not ``nnan``/``ninf`` (inf and nan follow IEEE arithmetic as in PyTorch), not ``arcp`` (LLVM then
+computes 1/sqrt(inf) as nan through a reciprocal estimate), not ``contract`` (a fused ``acc + a * b`` keeps
+a product that PyTorch's separate multiply rounds to inf). Division by zero gives inf or nan as in numpy
+(``error_model="numpy"``), never an exception.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +27,10 @@ from llvmlite import ir
 from numba import types as nbtypes
 from numba.extending import intrinsic, overload
 
-FASTMATH = {"nsz", "arcp", "contract", "reassoc"}
+FASTMATH = {"nsz", "reassoc"}
+ELEMENTWISE = {"nsz"}
+"""Without reassociation: each element's operations in the expression's own order, where it decides what
+overflows (``silu(g) * u`` is not ``g * u / (1 + exp(-g))`` at u = 3e38). Kernels with no sum over a loop use it."""
 FLOATS = ("float32", "bfloat16")
 """The float dtypes every CPU kernel takes (computing in float32)."""
 _OPTS = dict(fastmath=FASTMATH, error_model="numpy")
@@ -35,12 +41,12 @@ _HELPERS = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:10]
 before a change of these helpers would otherwise keep running the old ones."""
 
 
-def kernel(fn: Callable) -> tuple[Callable, Callable]:
+def kernel(fn: Callable, fastmath: set[str] = FASTMATH) -> tuple[Callable, Callable]:
     """A serial and a parallel build of one kernel body (``prange`` is ``range`` in the serial one).
 
     One thread skips the parallel launch, which costs more than small inputs take.
     """
-    opts = dict(cache=True, nogil=True, **_OPTS)
+    opts = dict(cache=True, nogil=True, **{**_OPTS, "fastmath": fastmath})
 
     def build(suffix: str, **extra) -> Callable:
         # numba's on-disk cache is keyed by qualified name: each build, and each version of the helpers, its own
@@ -70,6 +76,17 @@ def _bits_from_f32(typingctx, x):
         return builder.bitcast(args[0], ir.IntType(32))
 
     return nbtypes.int32(nbtypes.float32), codegen
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """a * b + c rounded once (``llvm.fma``), whatever the fast-math flags."""
+    def codegen(context, builder, signature, args):
+        f = ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.fma", [f], ir.FunctionType(f, [f, f, f]))
+        return builder.call(fn, args)
+
+    return nbtypes.float32(nbtypes.float32, nbtypes.float32, nbtypes.float32), codegen
 
 
 @intrinsic
@@ -112,6 +129,13 @@ def _cast_to(a, v):
     return None
 
 
+@inline
+def finite32(v):
+    """Whether float32 ``v`` is finite, from its exponent bits: numba's ``np.isfinite`` tests ``v - v == 0``,
+    which reassociation folds to true for inf and nan."""
+    return (_bits_from_f32(np.float32(v)) & np.int32(0x7F800000)) != np.int32(0x7F800000)
+
+
 def holds_f32(a):
     """Whether array ``a`` holds float32 elements (a compile-time constant: the branch not taken is dropped)."""
     raise NotImplementedError("holds_f32 runs only inside numba kernels")
@@ -142,15 +166,14 @@ def exp32(x):
     that 0 (PyTorch gives subnormals there: less than 2.2e-38 apart). numba's own np.exp is a scalar libm
     call per element here."""
     xc = min(max(x, _LO), _HI)
-    k = np.floor(xc * np.float32(1.44269504) + np.float32(0.5))
-    r = xc - k * np.float32(0.693359375) + k * np.float32(2.12194440e-4)
-    p = np.float32(1.9875691500e-4)
-    p = p * r + np.float32(1.3981999507e-3)
-    p = p * r + np.float32(8.3334519073e-3)
-    p = p * r + np.float32(4.1665795894e-2)
-    p = p * r + np.float32(1.6666665459e-1)
-    p = p * r + np.float32(5.0000001201e-1)
-    p = p * r * r + r + np.float32(1.0)
+    k = np.floor(_fma(xc, np.float32(1.44269504), np.float32(0.5)))
+    r = _fma(k, np.float32(2.12194440e-4), _fma(k, np.float32(-0.693359375), xc))
+    p = _fma(np.float32(1.9875691500e-4), r, np.float32(1.3981999507e-3))  # fused: bounded terms, no overflow
+    p = _fma(p, r, np.float32(8.3334519073e-3))
+    p = _fma(p, r, np.float32(4.1665795894e-2))
+    p = _fma(p, r, np.float32(1.6666665459e-1))
+    p = _fma(p, r, np.float32(5.0000001201e-1))
+    p = _fma(p, r * r, r + np.float32(1.0))
     # p * 2^k as an integer add to p's exponent: p is within [0.70, 1.42] (below 1 where k = 128, as x <= _HI),
     # so the result is a normal float for every k in [-125, 128] that the clamp leaves
     e = _f32_from_bits(_bits_from_f32(p) + (np.int32(k) << np.int32(23)))
@@ -170,11 +193,11 @@ def max_sumexp(x, r, online, skip=-1):
     if online:
         for j in range(x.shape[1]):
             v = f32(x[r, j])
-            if v > m:
-                s = s * exp32(m - v) + (zero if j == skip else np.float32(1.0))
+            if v > m:  # exp(v - v) is 1, or nan at v = inf as in PyTorch's two-pass sum
+                s = s * exp32(m - v) + (zero if j == skip else exp32(v - v))
                 m = v
-            else:
-                s += zero if j == skip else exp32(v - m)
+            else:  # v = m = -inf adds exp(-inf) = 0, not exp(nan): the max may still rise
+                s += zero if j == skip or v == -np.inf else exp32(v - m)
     else:
         for j in range(x.shape[1]):
             m = fmax32(m, f32(x[r, j]))
@@ -214,6 +237,13 @@ def array(t: torch.Tensor) -> np.ndarray:
     """A numpy view of a CPU tensor's memory (no copy); a bfloat16 tensor's as int16 bits."""
     t = t.detach()
     return (t.view(_I16) if t.dtype is _BF16 else t).numpy()
+
+
+def as_rows(t: torch.Tensor) -> np.ndarray:
+    """``array(t)`` as [rows, last dim] (a 0-d tensor as [1, 1]): a view where the leading dims collapse
+    (``rows_view``), as supports() requires."""
+    d = t.shape[-1] if t.dim() else 1
+    return array(t).reshape(math.prod(t.shape[:-1]), d)
 
 
 def rounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -16,7 +16,20 @@ import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import FLOATS, array, cast_to, f32, kernel, launch, max_threads, require, rounded, rows_view, thread_choices
+from .._cpu import (
+    FLOATS,
+    array,
+    as_rows,
+    cast_to,
+    f32,
+    kernel,
+    launch,
+    max_threads,
+    require,
+    rounded,
+    rows_view,
+    thread_choices,
+)
 from .op import RMSNORM, fake, shape_problem
 
 ROWS_PER_TASK = (1, 4, 16, 64, 256)
@@ -80,33 +93,27 @@ _backward = kernel(_backward_body)
 _column_sum = kernel(_column_sum_body)
 
 
-def _rows(x: torch.Tensor) -> np.ndarray:
-    """``x`` as [rows, d], a view (supports() admits only collapsible leading dims)."""
-    d = x.shape[-1]
-    return array(x).reshape(x.numel() // d if d else int(np.prod(x.shape[:-1])), d)
-
-
 def forward(tensors: tuple, attrs: dict, config: dict) -> tuple[torch.Tensor, torch.Tensor]:
     x, w = tensors
     y = torch.empty(x.shape, dtype=x.dtype)
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32)
-    xa = _rows(x)
+    xa = as_rows(x)
     threads = config["threads"]
-    launch(_forward, threads, xa, array(w), attrs["eps"], max(1, -(-xa.shape[0] // threads)), _rows(y),
+    launch(_forward, threads, xa, array(w), attrs["eps"], max(1, -(-xa.shape[0] // threads)), as_rows(y),
            rstd.numpy().reshape(-1))
     return y, rstd
 
 
 def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: dict) -> tuple:
     (dy,), (x, w), (_, rstd) = grads, tensors, results
-    xa = _rows(x)
+    xa = as_rows(x)
     d = xa.shape[1]
     rows = config["rows_per_task"]
     partial = torch.empty((-(-xa.shape[0] // rows), d)).numpy()  # torch's allocator reuses freed pages
     dx = torch.empty(x.shape, dtype=x.dtype)
     dw = torch.empty(d, dtype=torch.float32)  # rounded once to a bfloat16 weight's dtype
     threads = config["threads"]
-    launch(_backward, threads, _rows(dy), xa, array(w), array(rstd).reshape(-1), rows, _rows(dx), partial)
+    launch(_backward, threads, as_rows(dy), xa, array(w), array(rstd).reshape(-1), rows, as_rows(dx), partial)
     launch(_column_sum, threads if d > _COLS else 1, partial, dw.numpy())
     return dx, rounded(dw, w.dtype)
 

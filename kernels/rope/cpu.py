@@ -15,7 +15,20 @@ import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import FLOATS, array, cast_to, f32, inline, kernel, launch, max_threads, require, rounded, thread_choices
+from .._cpu import (
+    ELEMENTWISE,
+    FLOATS,
+    array,
+    cast_to,
+    f32,
+    inline,
+    kernel,
+    launch,
+    max_threads,
+    require,
+    rounded,
+    thread_choices,
+)
 from .op import ROPE, fake, shape_problem
 
 POSITIONS = (1, 8, 64)
@@ -95,8 +108,8 @@ def _backward_body(gq, gk, q, qt, k, kt, c, s, grain, dq, dk, dc, ds):
                 _rotate_back(k, kt, gk, c, s, b, cb, hk, p, half, dk, dc, ds)
 
 
-_forward = kernel(_forward_body)
-_backward = kernel(_backward_body)
+_forward = kernel(_forward_body, ELEMENTWISE)
+_backward = kernel(_backward_body, ELEMENTWISE)
 
 
 def _heads(t: torch.Tensor) -> tuple[np.ndarray, bool]:

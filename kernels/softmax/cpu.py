@@ -20,10 +20,11 @@ from numba import prange
 from ...registry import Impl, Key, TensorSpec, register_impl
 from .._cpu import (
     FLOATS,
-    array,
+    as_rows,
     cast_to,
     exp32,
     f32,
+    finite32,
     fmax32,
     holds_f32,
     kernel,
@@ -31,6 +32,7 @@ from .._cpu import (
     max_sumexp,
     max_threads,
     require,
+    rows_view,
     thread_choices,
 )
 from .op import SOFTMAX, dim_problem, fake
@@ -67,17 +69,18 @@ def _backward_body(dy, y, dx):
     zero = np.float32(0.0)
     shift = holds_f32(y)  # a bfloat16 y does not sum to 1 closely enough for the shift to be exact
     for r in prange(n):
-        c = zero  # dy at the peak, the one entry above one half if there is one
+        at_peak = zero  # dy at the peak, the one entry above one half if there is one
         if shift:
             for j in range(d):
-                c += zero if f32(y[r, j]) <= half else f32(dy[r, j])
-            c = c if np.isfinite(c) else zero  # an inf or nan dy: no digits to keep, PyTorch's own nan and inf
+                at_peak += zero if f32(y[r, j]) <= half else f32(dy[r, j])
+        peak = shift and finite32(at_peak)  # an inf or nan dy: no digits to keep; PyTorch's own nan and inf
+        c = at_peak if peak else zero
         acc = zero  # sum(y * (dy - c)): the peak's own term is exactly 0
         for j in range(d):
             acc += f32(y[r, j]) * (f32(dy[r, j]) - c)
         for j in range(d):  # the peak apart: fastmath may regroup (dy - c) - acc as dy - (c + acc)
             yj = f32(y[r, j])
-            dx[r, j] = cast_to(dx, yj * -acc if shift and yj > half else yj * ((f32(dy[r, j]) - c) - acc))
+            dx[r, j] = cast_to(dx, yj * -acc if peak and yj > half else yj * ((f32(dy[r, j]) - c) - acc))
 
 
 _forward = kernel(_forward_body)
@@ -87,24 +90,25 @@ _backward = kernel(_backward_body)
 def forward(tensors, attrs, config):
     (x,) = tensors
     y = torch.empty(x.shape, dtype=x.dtype)
-    d = x.shape[-1] if x.dim() else 1
-    rows = x.numel() // d if d else 0
-    launch(_forward, config["threads"], array(x).reshape(rows, d), config["online"], array(y).reshape(rows, d))
+    launch(_forward, config["threads"], as_rows(x), config["online"], as_rows(y))
     return (y,)
 
 
 def backward(grads, tensors, results, attrs, config):
     (dy,), (y,) = grads, results
     dx = torch.empty(y.shape, dtype=y.dtype)
-    d = y.shape[-1] if y.dim() else 1
-    rows = y.numel() // d if d else 0
-    launch(_backward, config["threads"], array(dy).reshape(rows, d), array(y).reshape(rows, d),
-           array(dx).reshape(rows, d))
+    launch(_backward, config["threads"], as_rows(dy), as_rows(y), as_rows(dx))
     return (dx,)
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
-    return require(specs, {0: FLOATS}) or dim_problem(specs, attrs)
+    why = require(specs, {0: FLOATS}, contiguous=False) or dim_problem(specs, attrs)
+    if why:
+        return why
+    (x,) = specs
+    if x.shape and x.layout[-1] != 1 or not rows_view(x.shape, x.strides):
+        return "a layout whose rows are not contiguous or do not collapse into one row axis without a copy"
+    return None
 
 
 def constraint(config: dict, key: Key) -> bool:

@@ -14,7 +14,7 @@ import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import FLOATS, array, cast_to, exp32, f32, kernel, launch, max_threads, require, thread_choices
+from .._cpu import ELEMENTWISE, FLOATS, array, cast_to, exp32, f32, kernel, launch, max_threads, require, thread_choices
 from .op import SWIGLU, fake
 
 BLOCKS = (4096, 16384, 65536)
@@ -42,8 +42,8 @@ def _backward_body(dy, g, u, block, dg, du):
             dgb[i] = cast_to(dgb, gy * f32(ub[i]) * (s * (np.float32(1.0) + x * (np.float32(1.0) - s))))
 
 
-_forward = kernel(_forward_body)
-_backward = kernel(_backward_body)
+_forward = kernel(_forward_body, ELEMENTWISE)
+_backward = kernel(_backward_body, ELEMENTWISE)
 
 
 def forward(tensors, attrs, config):
