@@ -31,6 +31,8 @@ def _n(shape):
     return math.prod(shape)
 
 
+CE_ATTRS = [("ignore_index", -100), ("reduction", "mean")]
+
 # op, inputs, attrs, generator options, bytes (inference), bytes (training: forward + backward)
 CASES = [
     ("softmax", [((256, 128), "float32")], [("dim", -1)], {}, lambda s: 2 * F32 * _n(s[0]),
@@ -41,12 +43,13 @@ CASES = [
     ("swiglu", [((2048, 2048), "float32")] * 2, [], {}, lambda s: 3 * F32 * _n(s[0]), lambda s: 8 * F32 * _n(s[0])),
     ("rope", [((8, 8, 512, 64), "float32")] * 2 + [((8, 512, 64), "float32")] * 2, [], {},
      lambda s: F32 * (4 * _n(s[0]) + 2 * _n(s[2])), lambda s: F32 * (10 * _n(s[0]) + 6 * _n(s[2]))),
-    ("cross_entropy", [((64, 2048), "float32"), ((64,), "int64")], [("ignore_index", -100)], {},
+    ("cross_entropy", [((64, 2048), "float32"), ((64,), "int64")], CE_ATTRS, {},
      lambda s: F32 * _n(s[0]), lambda s: 3 * F32 * _n(s[0])),
-    ("cross_entropy", [((2048, 32000), "float32"), ((2048,), "int64")], [("ignore_index", -100)], {},
+    ("cross_entropy", [((2048, 32000), "float32"), ((2048,), "int64")], CE_ATTRS, {},
      lambda s: F32 * _n(s[0]), lambda s: 3 * F32 * _n(s[0])),
 ] + [
-    ("embedding", [((8, 1024), "int64"), ((32000, 512), "float32")], [], {"dist": dist, "sort": sort},
+    ("embedding", [((8, 1024), "int64"), ((32000, 512), "float32")], [("padding_idx", None)],
+     {"dist": dist, "sort": sort},
      lambda s: I64 * _n(s[0]) + 2 * F32 * _n(s[0]) * s[1][1],
      lambda s: I64 * _n(s[0]) + 3 * F32 * _n(s[0]) * s[1][1] + F32 * _n(s[1]))
     for dist in ("uniform", "zipf") for sort in (False, True)

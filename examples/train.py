@@ -1,19 +1,67 @@
-"""Train the example model for a few steps and print the step time.
+"""Train a small Hugging Face Llama (random weights, nothing downloaded) patched with the kernel pack.
 
     python examples/train.py --steps 20
     nki-autotune record -o profile.yaml -- python examples/train.py --steps 3
+    NKI_AUTOTUNE_TABLE=dispatch.yaml python examples/train.py --steps 20
+
+A ``LlamaForCausalLM`` built from a ``LlamaConfig``, patched in place by ``nki_autotune.kernels.hf.patch``
+(RMSNorm, the SwiGLU MLP, rotary embedding, the token embedding and the loss run the pack), trained with AdamW
+under ``torch.compile(fullgraph=True)`` on padded batches (attention mask, ``-100`` labels on padding).
+
+``make_step()`` is the STEP protocol of ``nki-autotune verify``: it builds the model, optimizer and data from
+fixed seeds (two calls give the same weights and batches) and returns a callable running one full training step
+(forward, backward, optimizer step) that returns the loss.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from llama import Trainer  # noqa: E402
+from nki_autotune.kernels.hf import patch
+
+BATCH, SEQ = 8, 256
+CONFIG = dict(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=SEQ, rms_norm_eps=1e-6, pad_token_id=0,
+              tie_word_embeddings=False, use_cache=False)
+
+
+def batches(seed: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+    """Endless fixed-shape batches: rows of a learnable sequence (next token = previous + 7) of random length,
+    right-padded, with their attention mask and labels ignored (-100) on the padding."""
+    g = torch.Generator().manual_seed(seed)
+    vocab, pad = CONFIG["vocab_size"], CONFIG["pad_token_id"]
+    while True:
+        start = torch.randint(1, vocab, (BATCH, 1), generator=g)
+        ids = 1 + (start + 7 * torch.arange(SEQ)) % (vocab - 1)
+        lengths = torch.randint(SEQ // 2, SEQ + 1, (BATCH, 1), generator=g)
+        mask = (torch.arange(SEQ) < lengths).long()
+        yield {"input_ids": ids.masked_fill(mask == 0, pad), "attention_mask": mask,
+               "labels": ids.masked_fill(mask == 0, -100)}
+
+
+def make_step(seed: int = 0, compile: bool = True) -> Callable[[], torch.Tensor]:
+    """One patched model, its AdamW and its data from ``seed``; the returned callable runs one training step."""
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**CONFIG))
+    patch(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    forward = torch.compile(model, fullgraph=True, dynamic=False) if compile else model
+    data = batches(seed)
+
+    def step() -> torch.Tensor:
+        inputs = next(data)
+        opt.zero_grad(set_to_none=True)
+        loss = forward(**inputs).loss
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return step
 
 
 def main() -> None:
@@ -22,12 +70,12 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--eager", action="store_true", help="do not torch.compile the model")
     args = p.parse_args()
-    t = Trainer(compile=not args.eager)
+    step = make_step(compile=not args.eager)
     for _ in range(args.warmup):
-        t.step()
+        step()
     t0 = time.perf_counter()
     for i in range(args.steps):
-        loss = t.step()
+        loss = step()
         if i == args.steps - 1:
             print(f"step {i + 1}: loss {loss.item():.4f}")
     dt = (time.perf_counter() - t0) / max(1, args.steps)

@@ -5,17 +5,38 @@ kernel declines the input) the call runs that expression, so the compiler fuses
 it like any other code.
 """
 
-from ..registry.switches import check_switches, current
-from .cross_entropy import cross_entropy
-from .embedding import embedding
-from .rmsnorm import rmsnorm
-from .rope import rope
-from .segment_sum import segment_sum
-from .softmax import softmax
-from .swiglu import swiglu
+if __name__ == "kernels":
+    # Run from the checkout (its root on sys.path: pytest's rootdir, `python -c`, `python -m`), this folder is
+    # also found as the top-level `kernels`: Hugging Face's package name, which transformers imports while it
+    # loads its modeling code. The folder steps aside: the `kernels` found elsewhere on sys.path is imported in
+    # its place or, where none is installed, an empty namespace-like module that importers read as absent.
+    import importlib.machinery as _machinery
+    import importlib.util as _util
+    import os as _os
+    import sys as _sys
 
-# Switch names and tables are checked now, in eager mode, before any compiled call.
-check_switches()
-current()
+    _root = _os.path.realpath(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))))
+    _spec = _machinery.PathFinder.find_spec(
+        "kernels", [p for p in _sys.path if _os.path.realpath(p or _os.getcwd()) != _root])
+    if _spec is None:
+        _spec = _machinery.ModuleSpec("kernels", None, is_package=True)
+        _spec.submodule_search_locations = []
+    _module = _util.module_from_spec(_spec)
+    _sys.modules["kernels"] = _module  # the module `import kernels` returns
+    if _spec.loader is not None:
+        _spec.loader.exec_module(_module)
+else:
+    from ..registry.switches import check_switches, current
+    from .cross_entropy import cross_entropy
+    from .embedding import embedding
+    from .rmsnorm import rmsnorm
+    from .rope import rope
+    from .segment_sum import segment_sum
+    from .softmax import softmax
+    from .swiglu import swiglu
+
+    # Switch names and tables are checked now, in eager mode, before any compiled call.
+    check_switches()
+    current()
 
 __all__ = ["cross_entropy", "embedding", "rmsnorm", "rope", "segment_sum", "softmax", "swiglu"]

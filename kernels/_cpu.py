@@ -1,28 +1,65 @@
-"""What every numba kernel of the pack shares: compilation, launch, zero-copy views."""
+"""What every numba kernel of the pack shares: compilation, launch, zero-copy views, bfloat16 elements.
+
+numba has no bfloat16: a bfloat16 tensor reaches a kernel as its int16 bits (``array``). Kernels read every
+element through ``f32`` and write through ``cast_to``; both are specialised by type at compile time, so a
+float32 kernel compiles to what it would without them, and a bfloat16 one widens exactly (a 16-bit shift)
+and narrows by round-to-nearest-even, as ``Tensor.to(torch.bfloat16)`` does (nan stays nan).
+
+Kernels compile with the fast-math flags that let sums vectorise (reassociation, signless zeros) and no
+others: not ``nnan``/``ninf`` (inf and nan follow IEEE arithmetic as in PyTorch), not ``arcp`` (LLVM then
+computes 1/sqrt(inf) as nan through a reciprocal estimate), not ``contract`` (a fused ``acc + a * b`` keeps
+a product that PyTorch's separate multiply rounds to inf). Division by zero gives inf or nan as in numpy
+(``error_model="numpy"``), never an exception.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import math
 import types
 from collections.abc import Callable
+from pathlib import Path
 
 import numba
 import numpy as np
 import torch
 from llvmlite import ir
 from numba import types as nbtypes
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
+
+FASTMATH = {"nsz", "reassoc"}
+ELEMENTWISE = {"nsz"}
+"""Without reassociation: each element's operations in the expression's own order, where it decides what
+overflows (``silu(g) * u`` is not ``g * u / (1 + exp(-g))`` at u = 3e38). Kernels with no sum over a loop use it."""
+FLOATS = ("float32", "bfloat16")
+"""The float dtypes every CPU kernel takes (computing in float32)."""
+_OPTS = dict(fastmath=FASTMATH, error_model="numpy")
 
 
-def kernel(fn: Callable) -> tuple[Callable, Callable]:
+_HELPERS = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:10]
+"""This module's source hash: numba's on-disk cache checks only the kernel's own file, so a kernel cached
+before a change of these helpers would otherwise keep running the old ones."""
+
+
+def kernel(fn: Callable, fastmath: set[str] = FASTMATH) -> tuple[Callable, Callable]:
     """A serial and a parallel build of one kernel body (``prange`` is ``range`` in the serial one).
 
     One thread skips the parallel launch, which costs more than small inputs take.
     """
-    opts = dict(fastmath=True, cache=True, nogil=True)
-    # numba's on-disk cache is keyed by qualified name: give the serial build its own.
-    serial = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial", fn.__defaults__)
-    serial.__qualname__ = fn.__qualname__ + "_serial"
-    return numba.njit(**opts)(serial), numba.njit(parallel=True, **opts)(fn)
+    opts = dict(cache=True, nogil=True, **{**_OPTS, "fastmath": fastmath})
+
+    def build(suffix: str, **extra) -> Callable:
+        # numba's on-disk cache is keyed by qualified name: each build, and each version of the helpers, its own
+        f = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + suffix, fn.__defaults__)
+        f.__qualname__ = f"{fn.__qualname__}{suffix}_{_HELPERS}"
+        return numba.njit(**opts, **extra)(f)
+
+    return build("_serial"), build("", parallel=True)
+
+
+def inline(fn: Callable) -> Callable:
+    """A helper compiled into the kernels that call it, with the kernels' arithmetic rules."""
+    return numba.njit(inline="always", **_OPTS)(fn)
 
 
 @intrinsic
@@ -33,30 +70,119 @@ def _f32_from_bits(typingctx, bits):
     return nbtypes.float32(nbtypes.int32), codegen
 
 
-_LO, _HI = np.float32(-87.33654), np.float32(88.72283)
+@intrinsic
+def _bits_from_f32(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return nbtypes.int32(nbtypes.float32), codegen
 
 
-@numba.njit(inline="always", fastmath=True)
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """a * b + c rounded once (``llvm.fma``), whatever the fast-math flags."""
+    def codegen(context, builder, signature, args):
+        f = ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.fma", [f], ir.FunctionType(f, [f, f, f]))
+        return builder.call(fn, args)
+
+    return nbtypes.float32(nbtypes.float32, nbtypes.float32, nbtypes.float32), codegen
+
+
+@intrinsic
+def fmax32(typingctx, a, b):
+    """The larger of two float32, nan if either is (``llvm.maximum``, as ``torch.maximum``): unlike Python's
+    ``max``, a running maximum of it vectorises without assuming away nan."""
+    def codegen(context, builder, signature, args):
+        f = ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.maximum", [f], ir.FunctionType(f, [f, f]))
+        return builder.call(fn, args)
+
+    return nbtypes.float32(nbtypes.float32, nbtypes.float32), codegen
+
+
+def f32(v):
+    """One element as float32: a float32 as it is, a bfloat16 (int16 bits) widened exactly."""
+    raise NotImplementedError("f32 runs only inside numba kernels")
+
+
+def cast_to(a, v):
+    """float32 ``v`` as an element of array ``a``: as it is for float32, rounded to bfloat16 bits for int16."""
+    raise NotImplementedError("cast_to runs only inside numba kernels")
+
+
+@overload(f32, inline="always", jit_options=_OPTS)
+def _f32(v):
+    if v == nbtypes.float32:
+        return lambda v: v
+    if v == nbtypes.int16:
+        return lambda v: _f32_from_bits(np.int32(v) << np.int32(16))
+    return None
+
+
+@overload(cast_to, inline="always", jit_options=_OPTS)
+def _cast_to(a, v):
+    if a.dtype == nbtypes.float32:
+        return lambda a, v: np.float32(v)
+    if a.dtype == nbtypes.int16:
+        return lambda a, v: bf16_bits(np.float32(v))
+    return None
+
+
+@inline
+def finite32(v):
+    """Whether float32 ``v`` is finite, from its exponent bits: numba's ``np.isfinite`` tests ``v - v == 0``,
+    which reassociation folds to true for inf and nan."""
+    return (_bits_from_f32(np.float32(v)) & np.int32(0x7F800000)) != np.int32(0x7F800000)
+
+
+def holds_f32(a):
+    """Whether array ``a`` holds float32 elements (a compile-time constant: the branch not taken is dropped)."""
+    raise NotImplementedError("holds_f32 runs only inside numba kernels")
+
+
+@overload(holds_f32, inline="always", jit_options=_OPTS)
+def _holds_f32(a):
+    is_f32 = a.dtype == nbtypes.float32
+    return lambda a: is_f32
+
+
+@inline
+def bf16_bits(v):
+    """The bfloat16 nearest to float32 ``v`` (ties to even; nan to a quiet nan), as int16 bits."""
+    b = np.int64(_bits_from_f32(v)) & 0xFFFFFFFF
+    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    nan = np.int64((b & 0x7FFFFFFF) > 0x7F800000)
+    return np.int16(r + nan * (0x7FC0 - r))  # no branch: numba's inliner leaves none in the caller's loop
+
+
+_LO, _HI = np.float32(-86.643), np.float32(88.72283)
+
+
+@inline
 def exp32(x):
-    """float32 exp that LLVM can vectorise (Cephes expf: Cody-Waite reduction, degree-6 polynomial, 2^k built
-    from its bits); relative error about 1.2e-7. numba's own np.exp is a scalar libm call per element here."""
+    """float32 exp that LLVM can vectorise (Cephes expf: Cody-Waite reduction, degree-6 polynomial, 2^k added
+    to the result's exponent bits); relative error about 1.2e-7 from 2.2e-38 up to the largest float; below
+    that 0 (PyTorch gives subnormals there: less than 2.2e-38 apart). numba's own np.exp is a scalar libm
+    call per element here."""
     xc = min(max(x, _LO), _HI)
-    k = np.floor(xc * np.float32(1.44269504) + np.float32(0.5))
-    r = xc - k * np.float32(0.693359375) + k * np.float32(2.12194440e-4)
-    p = np.float32(1.9875691500e-4)
-    p = p * r + np.float32(1.3981999507e-3)
-    p = p * r + np.float32(8.3334519073e-3)
-    p = p * r + np.float32(4.1665795894e-2)
-    p = p * r + np.float32(1.6666665459e-1)
-    p = p * r + np.float32(5.0000001201e-1)
-    p = p * r * r + r + np.float32(1.0)
-    e = p * _f32_from_bits((np.int32(k) + np.int32(127)) << np.int32(23))
+    k = np.floor(_fma(xc, np.float32(1.44269504), np.float32(0.5)))
+    r = _fma(k, np.float32(2.12194440e-4), _fma(k, np.float32(-0.693359375), xc))
+    p = _fma(np.float32(1.9875691500e-4), r, np.float32(1.3981999507e-3))  # fused: bounded terms, no overflow
+    p = _fma(p, r, np.float32(8.3334519073e-3))
+    p = _fma(p, r, np.float32(4.1665795894e-2))
+    p = _fma(p, r, np.float32(1.6666665459e-1))
+    p = _fma(p, r, np.float32(5.0000001201e-1))
+    p = _fma(p, r * r, r + np.float32(1.0))
+    # p * 2^k as an integer add to p's exponent: p is within [0.70, 1.42] (below 1 where k = 128, as x <= _HI),
+    # so the result is a normal float for every k in [-125, 128] that the clamp leaves
+    e = _f32_from_bits(_bits_from_f32(p) + (np.int32(k) << np.int32(23)))
     e = np.float32(0.0) if x < _LO else e
     e = np.float32(np.inf) if x > _HI else e
     return x if x != x else e
 
 
-@numba.njit(inline="always", fastmath=True)
+@inline
 def max_sumexp(x, r, online, skip=-1):
     """Row r's max m and the sum of exp(x - m) over every column but ``skip``: in one pass rescaling the
     sum (online) or in two. Leaving a column out of the sum, rather than subtracting it afterwards, keeps
@@ -66,15 +192,15 @@ def max_sumexp(x, r, online, skip=-1):
     s = zero
     if online:
         for j in range(x.shape[1]):
-            v = x[r, j]
-            if v > m:
-                s = s * exp32(m - v) + (zero if j == skip else np.float32(1.0))
+            v = f32(x[r, j])
+            if v > m:  # exp(v - v) is 1, or nan at v = inf as in PyTorch's two-pass sum
+                s = s * exp32(m - v) + (zero if j == skip else exp32(v - v))
                 m = v
-            else:
-                s += zero if j == skip else exp32(v - m)
+            else:  # v = m = -inf adds exp(-inf) = 0, not exp(nan): the max may still rise
+                s += zero if j == skip or v == -np.inf else exp32(v - m)
     else:
         for j in range(x.shape[1]):
-            m = max(m, x[r, j])
+            m = fmax32(m, f32(x[r, j]))
         if skip < 0:
             s = sumexp(x[r], m)
         else:  # two slices: a per-column skip test, or a loop from a run-time start, defeats the vectoriser
@@ -82,15 +208,15 @@ def max_sumexp(x, r, online, skip=-1):
     return m, s
 
 
-@numba.njit(inline="always", fastmath=True)
+@inline
 def sumexp(row, m):
     s = np.float32(0.0)
     for j in range(row.shape[0]):
-        s += exp32(row[j] - m)
+        s += exp32(f32(row[j]) - m)
     return s
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="always", error_model="numpy")
 def softplus64(z):
     """log(1 + exp(z)) in float64 without overflow, exact to a few ulps for tiny results."""
     return z + np.log1p(np.exp(-z)) if z > 0.0 else np.log1p(np.exp(z))
@@ -104,9 +230,25 @@ def launch(kern: tuple[Callable, Callable], threads: int, *args) -> None:
     kern[1](*args)
 
 
+_BF16, _I16, _F32 = torch.bfloat16, torch.int16, torch.float32
+
+
 def array(t: torch.Tensor) -> np.ndarray:
-    """A numpy view of a CPU tensor's memory (no copy)."""
-    return t.detach().numpy()
+    """A numpy view of a CPU tensor's memory (no copy); a bfloat16 tensor's as int16 bits."""
+    t = t.detach()
+    return (t.view(_I16) if t.dtype is _BF16 else t).numpy()
+
+
+def as_rows(t: torch.Tensor) -> np.ndarray:
+    """``array(t)`` as [rows, last dim] (a 0-d tensor as [1, 1]): a view where the leading dims collapse
+    (``rows_view``), as supports() requires."""
+    d = t.shape[-1] if t.dim() else 1
+    return array(t).reshape(math.prod(t.shape[:-1]), d)
+
+
+def rounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A float32 result ``t`` in ``dtype`` (rounded to nearest even for bfloat16; ``t`` itself for float32)."""
+    return t if dtype is _F32 else t.to(dtype)
 
 
 def max_threads() -> int:
@@ -132,14 +274,16 @@ def rows_view(spec_shape: tuple[int, ...], strides: tuple[int, ...] | None) -> b
 
 
 def require(specs, dtypes: dict[int, tuple[str, ...]], contiguous: bool = True) -> str | None:
-    """The common part of supports(): each listed input's dtype, and contiguity of all inputs."""
+    """The common part of supports(): each listed input's dtype, one float dtype for all float inputs (the
+    expression would promote mixed ones), and contiguity of all inputs."""
     for i, allowed in dtypes.items():
         if specs[i].dtype not in allowed:
             return f"input {i} of dtype {specs[i].dtype} (supports {', '.join(allowed)})"
+    floats = sorted({s.dtype for s in specs if s.is_float})
+    if len(floats) > 1:
+        return f"mixed float dtypes {', '.join(floats)} (supports one float dtype for all inputs)"
     if contiguous and not all(s.is_contiguous for s in specs):
         return "non-contiguous inputs"
-    if any(s.numel == 0 for s in specs):
-        return "empty inputs"
     return None
 
 

@@ -4,6 +4,8 @@ Scatter-add has three strategies, a config choice of both ops: ``serial`` (one p
 parallel launch: best when small), ``blocks`` (each task owns a block of output rows and
 scans all indices: no conflicts, indices read once per task), ``sorted`` (indices sorted
 once, each task sums whole runs of equal indices: best for long runs and skewed ids).
+The gather copies elements as they are (bfloat16 bits included); the scatter-add reads float32 or bfloat16
+and sums into a float32 output.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from ._cpu import kernel, launch
+from ._cpu import f32, kernel, launch
 
 SERIAL, BLOCKS, SORTED = 0, 1, 2
 
@@ -32,7 +34,7 @@ def _scatter_serial_body(src, idx, out):
     for i in range(n):
         row = idx[i]
         for j in range(f):
-            out[row, j] += src[i, j]
+            out[row, j] += f32(src[i, j])
 
 
 def _scatter_blocks_body(src, idx, out, blocks):
@@ -49,7 +51,7 @@ def _scatter_blocks_body(src, idx, out, blocks):
             row = idx[i]
             if lo <= row < hi:
                 for j in range(f):
-                    out[row, j] += src[i, j]
+                    out[row, j] += f32(src[i, j])
 
 
 def _scatter_sorted_body(src, order, starts, segs, out):
@@ -62,7 +64,7 @@ def _scatter_sorted_body(src, order, starts, segs, out):
         for k in range(starts[u], starts[u + 1]):
             i = order[k]
             for j in range(f):
-                out[row, j] += src[i, j]
+                out[row, j] += f32(src[i, j])
 
 
 _gather = kernel(_gather_body)
@@ -76,7 +78,7 @@ def gather(table: np.ndarray, idx: np.ndarray, out: np.ndarray, threads: int) ->
 
 
 def scatter_add(src: np.ndarray, idx: np.ndarray, out: np.ndarray, mode: int, threads: int) -> None:
-    """out = zeros; out[idx[i]] += src[i] for every i (repeated indices accumulate)."""
+    """out = zeros; out[idx[i]] += src[i] for every i (repeated indices accumulate); out is float32."""
     if mode == SERIAL or threads <= 1 and mode == BLOCKS:
         _scatter_serial[0](src, idx, out)
     elif mode == BLOCKS:

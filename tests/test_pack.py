@@ -54,11 +54,13 @@ def rope_case(shape, gen):
 def cross_entropy_case(shape, gen):
     n, v = shape
     logits = torch.randn(n, v + 1, generator=gen) * 2
+    ignore, reduction = RNG.choice([-100, 0, 3]), RNG.choice(["mean", "sum"])
     target = torch.randint(0, v + 1, (n,), generator=gen)
-    target[torch.rand(n, generator=gen) < 0.2] = -100
-    target[0] = 0
-    return ("cross_entropy", (logits, target), (-100,), lambda x, t: F.cross_entropy(x, t, ignore_index=-100),
-            lambda x, t: nk.cross_entropy(x, t))
+    target[torch.rand(n, generator=gen) < 0.2] = ignore
+    target[0] = 1 if ignore == 0 else 0
+    return ("cross_entropy", (logits, target), (ignore, reduction),
+            lambda x, t: F.cross_entropy(x, t, ignore_index=ignore, reduction=reduction),
+            lambda x, t: nk.cross_entropy(x, t, ignore, reduction=reduction))
 
 
 def embedding_case(shape, gen):
@@ -66,7 +68,11 @@ def embedding_case(shape, gen):
     v = RNG.randint(1, 500)
     ids = _idx(n * 2, v, gen, repeat=RNG.random() < 0.5).reshape(2, n)
     w = torch.randn(v, d, generator=gen)
-    return "embedding", (ids, w), (), F.embedding, nk.embedding
+    pad = RNG.choice([None, 0, v - 1, -1, -v])  # a padding row, negative counting from the end
+    if pad is not None:
+        ids[0, ::3] = pad % v
+    return ("embedding", (ids, w), (pad,), lambda i, w: F.embedding(i, w, pad),
+            lambda i, w: nk.embedding(i, w, padding_idx=pad))
 
 
 def segment_sum_case(shape, gen):
@@ -123,11 +129,16 @@ def test_opcheck(case):
     ("swiglu", lambda: (torch.randn(4, 6), torch.randn(1, 6)), "no broadcasting"),
     ("rope", lambda: (torch.randn(1, 2, 3, 5), torch.randn(1, 2, 3, 5), torch.randn(1, 3, 5), torch.randn(1, 3, 5)),
      "odd head dim"),
-    ("rope", lambda: (torch.randn(2, 2, 3, 4), torch.randn(2, 2, 3, 4), torch.randn(1, 3, 4), torch.randn(1, 3, 4)),
-     "no broadcasting"),
+    ("rope", lambda: (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4), torch.randn(2, 3, 4), torch.randn(2, 3, 4)),
+     "no broadcasting but cos/sin of batch 1"),
+    ("rope", lambda: (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4), torch.randn(1, 3, 4),
+                      torch.randn(1, 3, 4).bfloat16()), "mixed float dtypes"),
     ("cross_entropy", lambda: (torch.randn(2, 3, 4), torch.zeros(2, 4, dtype=torch.long), -100), "supports logits"),
-    ("embedding", lambda: (torch.zeros(3, dtype=torch.int32), torch.randn(4, 2)), "dtype int32"),
-    ("segment_sum", lambda: (torch.randn(3, 2).bfloat16(), torch.zeros(3, dtype=torch.long), 2), "dtype bfloat16"),
+    ("cross_entropy", lambda: (torch.randn(3, 4), torch.zeros(3, dtype=torch.long), -100, "none"),
+     "reduction='none'"),
+    ("segment_sum", lambda: (torch.randn(3, 2).double(), torch.zeros(3, dtype=torch.long), 2), "dtype float64"),
+    ("segment_sum", lambda: (torch.randn(3, 2), torch.zeros(3, dtype=torch.long), -1), "must not be negative"),
+    ("cross_entropy", lambda: (torch.randn(3, 4), torch.zeros(3, dtype=torch.int32), -100), "dtype int32"),
 ])
 def test_declines_take_the_compiler_path(switches, name, args, why):
     switches(NKI_AUTOTUNE_KERNELS="on")
@@ -135,24 +146,65 @@ def test_declines_take_the_compiler_path(switches, name, args, why):
     exp = explain(name, *a)
     assert exp.path == "compiler" and why in exp.reason, exp.reason
     fn = getattr(nk, name)
-    ref = get_op(name).reference
-    torch.testing.assert_close(_first(fn(*a)), _first(ref(*a)))
+    try:
+        expect = _first(_reference(name, *a))
+    except (RuntimeError, ValueError) as e:  # what PyTorch rejects is rejected alike
+        with pytest.raises(type(e)):
+            fn(*a)
+        return
+    torch.testing.assert_close(_first(fn(*a)), expect)
 
 
 def _first(x):
     return x[0] if isinstance(x, tuple) else x
 
 
-def test_cross_entropy_with_every_target_ignored_is_nan_like_pytorch(switches):
+def _reference(name, *args):
+    """The op's reference on positional arguments, the attributes not given at their defaults."""
+    op = get_op(name)
+    given = len(args) - len(op.tensors)
+    return op.reference(*args, *(op.defaults[a] for a in list(op.attrs)[given:]))
+
+
+@pytest.mark.parametrize("pad", [4, -5])
+def test_embedding_padding_idx_out_of_range_is_rejected_as_pytorch_does(switches, pad):
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    ids, w = torch.zeros(3, dtype=torch.long), torch.randn(4, 2)
+    exp = explain("embedding", ids, w, pad)
+    assert exp.path == "compiler" and f"padding_idx={pad} outside" in exp.reason
+    with pytest.raises(AssertionError, match="Padding_idx must be within num_embeddings"):
+        nk.embedding(ids, w, pad)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_cross_entropy_reductions_with_every_target_ignored_match_pytorch(switches, reduction):
+    """The mean of no targets is 0/0 = nan in PyTorch (and so its gradient); their sum is 0."""
     switches(NKI_AUTOTUNE_KERNELS="on")
     logits = torch.randn(4, 7, requires_grad=True)
     target = torch.full((4,), -100)
-    got = nk.cross_entropy(logits, target)
-    assert torch.isnan(got) and torch.isnan(F.cross_entropy(logits, target))
+    assert explain("cross_entropy", logits, target, -100, reduction).path == "kernel"
+    got = nk.cross_entropy(logits, target, reduction=reduction)
+    ref_logits = logits.detach().clone().requires_grad_()
+    ref = F.cross_entropy(ref_logits, target, reduction=reduction)
+    torch.testing.assert_close(got, ref, equal_nan=True)
     got.backward()
-    ref = logits.detach().clone().requires_grad_()
-    F.cross_entropy(ref, target).backward()
-    torch.testing.assert_close(logits.grad, ref.grad, equal_nan=True)
+    ref.backward()
+    torch.testing.assert_close(logits.grad, ref_logits.grad, equal_nan=True)
+
+
+def test_embedding_gradient_is_zero_at_the_padding_row_and_summed_elsewhere(switches):
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    w = torch.randn(6, 3, requires_grad=True)
+    ids = torch.tensor([[5, 1, 5], [1, 0, 2]])
+    assert explain("embedding", ids, w, -1).path == "kernel"
+    out = nk.embedding(ids, w, padding_idx=-1)
+    torch.testing.assert_close(out, w.detach()[ids])
+    dy = torch.randn(2, 3, 3)
+    out.backward(dy)
+    expect = torch.zeros(6, 3)
+    expect[1] = dy[0, 1] + dy[1, 0]
+    expect[0], expect[2] = dy[1, 1], dy[1, 2]
+    torch.testing.assert_close(w.grad, expect)
 
 
 def _call_impl(impl, attrs, cfg, *tensors):
@@ -174,7 +226,7 @@ def test_peaked_rows_stay_exact_where_float32_pytorch_cancels(monkeypatch, gen, 
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
     x, peak = _peaked(3, 6, gen)
     op = get_op(name)
-    inputs, attrs = ((x,), (-1,)) if name == "softmax" else ((x, peak), (-100,))
+    inputs, attrs = ((x,), (-1,)) if name == "softmax" else ((x, peak), (-100, "mean"))
     ref = lambda *t: op.reference(*t, *attrs)  # noqa: E731
     assert float32_floor(ref, inputs) > 1e-5  # the case is a hard one for float32
     ref_outs, ref_grads = run_with_grads(ref, as64(inputs))
@@ -196,7 +248,8 @@ def test_cross_entropy_far_below_zero_with_ignored_rows(monkeypatch, gen):
     ref = functools.partial(F.cross_entropy, ignore_index=-100)
     ref_outs, ref_grads = run_with_grads(ref, as64((x, t)))
     for impl in get_op("cross_entropy").impls.values():
-        outs, grads = run_with_grads(functools.partial(_call_impl, impl, (-100,), impl.config_values(None)), (x, t))
+        call = functools.partial(_call_impl, impl, (-100, "mean"), impl.config_values(None))
+        outs, grads = run_with_grads(call, (x, t))
         assert rel_err(outs[0], ref_outs[0]) < 1e-5 and rel_err(grads[0], ref_grads[0]) < 1e-5, impl.qualname
 
 

@@ -86,13 +86,13 @@ def test_nki_embedding_and_segment_sum_sum_repeated_indices_and_reject_out_of_ra
     emb = ops()["embedding"].impls["nki_gather"]
     ids = torch.tensor([[3, 3, 3], [0, 3, 1]])
     w = torch.randn(5, 4, requires_grad=True)
-    out = emb.fwd_op(ids, w, 128, 512)
+    out = emb.fwd_op(ids, w, None, 128, 512)
     torch.testing.assert_close(out, torch.nn.functional.embedding(ids, w.detach()))
     out.sum().backward()
     torch.testing.assert_close(w.grad, torch.tensor([1.0, 1, 0, 4, 0]).unsqueeze(1).expand(5, 4))
     for bad in (5, -1, 2**40):  # past the end, negative, and beyond int32 (saturated, not wrapped into range)
         with pytest.raises(NkiError, match="outside .*oob_mode=error"):
-            emb.fwd_op(torch.tensor([1, bad]), w.detach(), 128, 512)
+            emb.fwd_op(torch.tensor([1, bad]), w.detach(), None, 128, 512)
     seg = ops()["segment_sum"].impls["nki_matmul"]
     torch.testing.assert_close(seg.fwd_op(torch.ones(3, 2), torch.tensor([0, 3, 3]), 4, 128, 512),
                                torch.tensor([[1.0, 1], [0, 0], [0, 0], [2, 2]]))
@@ -105,8 +105,8 @@ def test_nki_cross_entropy_checks_targets_in_the_kernel_and_skips_ignored_rows()
     ce = ops()["cross_entropy"].impls["nki_online"]
     x = torch.randn(3, 700)  # one full chunk of 512 in the compiled loop, a tail of 188
     target = torch.tensor([5, -100, 699])
-    loss = ce.fwd_op(x, target, -100, 128, 512)[0]
+    loss = ce.fwd_op(x, target, -100, "mean", 128, 512)[0]
     torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(x, target))
     for bad in (700, -3):
         with pytest.raises(NkiError, match="outside .*oob_mode=error"):
-            ce.fwd_op(x, torch.tensor([5, bad, 0]), -100, 128, 512)
+            ce.fwd_op(x, torch.tensor([5, bad, 0]), -100, "mean", 128, 512)

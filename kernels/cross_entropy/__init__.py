@@ -1,4 +1,4 @@
-"""Cross-entropy: ``torch.nn.functional.cross_entropy(logits, target, ignore_index=ignore_index)``."""
+"""Cross-entropy: ``torch.nn.functional.cross_entropy(logits, target, ignore_index=..., reduction=...)``."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from . import nki as _nki  # noqa: F401  (registers the NKI impl)
 from .op import CROSS_ENTROPY
 
 
-def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-    """Same result as ``F.cross_entropy(logits, target, ignore_index=ignore_index)``; logits [N, V], target [N]."""
-    return call(CROSS_ENTROPY, (logits, target), (int(ignore_index),))
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+                  reduction: str = "mean") -> torch.Tensor:
+    """Same result as ``F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction)``;
+    logits [N, V], target [N]; reduction ``"mean"`` (over the targets not ignored) or ``"sum"``."""
+    return call(CROSS_ENTROPY, (logits, target), (int(ignore_index), str(reduction)))
 
 
 __all__ = ["CROSS_ENTROPY", "cross_entropy"]

@@ -1,24 +1,31 @@
 """Cross-entropy on the CPU (numba), parallel over rows.
 
-Forward keeps only the log-sum-exp of each row (one float), never the softmax;
-backward recomputes exp(logit - lse) as it writes the gradient, so a large
-vocabulary's softmax is materialised once, as the gradient itself. ``online=1``
-finds max and sum in one pass (rescaling the sum), ``online=0`` in two. The target's
-own exponential is kept out of the sum: the loss is then softplus(log(rest) - (x_t - max))
-and the target's gradient -rest, both exact even when the target's probability rounds to 1.
+Forward keeps only each row's max and the reciprocal of its sum of exps past the max (two floats: one
+log-sum-exp would round the log of the sum away where the max is large), never the softmax; backward
+recomputes exp(logit - max) / sum as it writes the gradient, so a large vocabulary's softmax is materialised
+once, as the gradient itself. ``online=1`` finds max and sum in one pass (rescaling the sum), ``online=0`` in two.
+The target's own exponential is kept out of the sum: the loss is then softplus(log(rest) - (x_t - max)) and
+the target's gradient -rest, both exact even when the target's probability rounds to 1.
+float32 or bfloat16 logits (computed in float32, the loss summed in float64). An ignored row adds nothing to
+the loss, and its gradient is 0, or nan where its log-softmax is nan (a nan, +inf or all -inf row), as
+PyTorch's log-softmax backward gives.
 """
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
 from .._cpu import (
+    FLOATS,
     array,
+    cast_to,
     exp32,
+    f32,
+    finite32,
+    inline,
     kernel,
     launch,
     max_sumexp,
@@ -31,42 +38,47 @@ from .._cpu import (
 from .op import CROSS_ENTROPY, fake, shape_problem
 
 
-def _forward_body(x, target, ignore, online, losses, lse):
+def _forward_body(x, target, ignore, online, losses, rows):
     for r in prange(x.shape[0]):
         t = target[r]
         m, rest = max_sumexp(x, r, online, -1 if t == ignore else t)  # the sum without the target's own term
+        rows[r, 0] = m
         if t == ignore:
-            lse[r] = m + np.log(rest)
+            rows[r, 1] = np.float32(1.0) / rest
             losses[r] = 0.0
             continue
-        d = x[r, t] - m  # <= 0
-        lse[r] = m + np.log(rest + exp32(d))
+        d = f32(x[r, t]) - m  # <= 0
+        rows[r, 1] = np.float32(1.0) / (rest + exp32(d))
         losses[r] = softplus64(np.log(np.float64(rest)) - d)  # = lse - x_t, with no cancellation
 
 
-@numba.njit(inline="always", fastmath=True)
-def _write_probs(xs, lse, scale, ds):
-    """ds = exp(xs - lse) * scale over one row slice; returns the sum of those probabilities."""
+@inline
+def _write_probs(xs, m, inv, scale, ds):
+    """ds = exp(xs - m) / sum * scale over one row slice; returns the sum of those probabilities."""
     s = np.float32(0.0)
     for j in range(xs.shape[0]):
-        p = exp32(xs[j] - lse)
-        ds[j] = p * scale
+        p = exp32(f32(xs[j]) - m) * inv
+        ds[j] = cast_to(ds, p * scale)
         s += p
     return s
 
 
-def _backward_body(x, target, ignore, lse, scale, dx):
+def _backward_body(x, target, ignore, rows, scale, dx):
     n, v = x.shape
     for r in prange(n):
         t = target[r]
+        m, inv = rows[r, 0], rows[r, 1]
         if t == ignore:
+            z = np.float32(0.0) if finite32(m) and finite32(inv) else np.float32(np.nan)  # exp(log-softmax) * 0
             for j in range(v):
-                dx[r, j] = 0.0
+                dx[r, j] = cast_to(dx, z)
             continue
-        l = lse[r]
-        # 1 - p_target, summed from the other columns rather than cancelled
-        rest = _write_probs(x[r, :t], l, scale, dx[r, :t]) + _write_probs(x[r, t + 1:], l, scale, dx[r, t + 1:])
-        dx[r, t] = -rest * scale
+        # 1 - p_target, summed from the other columns rather than cancelled; PyTorch's (p_t - 1) * scale is
+        # nan where the scale is inf or nan, or the row's log-sum-exp is
+        rest = (_write_probs(x[r, :t], m, inv, scale, dx[r, :t])
+                + _write_probs(x[r, t + 1:], m, inv, scale, dx[r, t + 1:]))
+        exact = finite32(scale) and finite32(m) and finite32(inv)
+        dx[r, t] = cast_to(dx, -rest * scale if exact else np.float32(np.nan))
 
 
 _forward = kernel(_forward_body)
@@ -85,26 +97,39 @@ def forward(tensors, attrs, config):
     ignore = attrs["ignore_index"]
     _check(t, x.shape[1], ignore)
     losses = np.empty(x.shape[0], np.float64)
-    lse = torch.empty(x.shape[0], dtype=torch.float32)
-    launch(_forward, config["threads"], array(x), t, ignore, config["online"], losses, lse.numpy())
-    count = int((t != ignore).sum())
-    loss = losses.sum() / count if count else float("nan")
-    return torch.tensor(loss, dtype=x.dtype), lse
+    rows = torch.empty((x.shape[0], 2), dtype=torch.float32)
+    launch(_forward, config["threads"], array(x), t, ignore, config["online"], losses, rows.numpy())
+    return torch.tensor(losses.sum() * _weight(t, attrs), dtype=x.dtype), rows
+
+
+def fake_rows(tensors: tuple, attrs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss, and each row's max and 1 / sum(exp(x - max)), which the backward reads."""
+    loss, _ = fake(tensors, attrs)
+    return loss, tensors[0].new_empty((tensors[0].shape[0], 2), dtype=torch.float32)
+
+
+def _weight(t: np.ndarray, attrs: dict) -> float:
+    """Each counted row's weight in the loss: 1 for the sum, 1 / (rows not ignored) for the mean (nan for none,
+    as PyTorch's 0 / 0)."""
+    if attrs["reduction"] == "sum":
+        return 1.0
+    count = int((t != attrs["ignore_index"]).sum())
+    return 1.0 / count if count else float("nan")
 
 
 def backward(grads, tensors, results, attrs, config):
-    (g,), (x, target), (_, lse) = grads, tensors, results
+    (g,), (x, target), (_, rows) = grads, tensors, results
     t = array(target)
-    count = int((t != attrs["ignore_index"]).sum())
     dx = torch.empty(x.shape, dtype=x.dtype)
-    scale = float(g) / count if count else float("nan")
-    launch(_backward, config["threads"], array(x), t, attrs["ignore_index"], array(lse), np.float32(scale),
-           dx.numpy())
+    scale = float(g) * _weight(t, attrs)
+    launch(_backward, config["threads"], array(x), t, attrs["ignore_index"], array(rows), np.float32(scale),
+           array(dx))
     return (dx,)
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
-    return shape_problem(specs, attrs) or require(specs, {0: ("float32",), 1: ("int64",)})
+    """Logits in any layout; int64 targets (PyTorch takes no other class indices)."""
+    return shape_problem(specs, attrs) or require(specs, {0: FLOATS, 1: ("int64",)}, contiguous=False)
 
 
 def constraint(config: dict, key: Key) -> bool:
@@ -112,7 +137,7 @@ def constraint(config: dict, key: Key) -> bool:
 
 
 CPU_ROWS = register_impl(Impl(
-    op=CROSS_ENTROPY, name="cpu_rows", backend="cpu", forward=forward, backward=backward, fake=fake,
+    op=CROSS_ENTROPY, name="cpu_rows", backend="cpu", forward=forward, backward=backward, fake=fake_rows,
     supports=supports, space={"threads": thread_choices(), "online": (0, 1)},
     default={"threads": max_threads(), "online": 0}, constraint=constraint, saved=1,
 ))

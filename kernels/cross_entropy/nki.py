@@ -208,8 +208,12 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     if why:
         return why
     x, t = specs
+    if x.numel == 0:
+        return "empty logits"
     if x.dtype not in ("float32", "bfloat16") or t.dtype not in ("int64", "int32"):
         return f"logits {x.dtype}, target {t.dtype} (supports float32/bfloat16 logits, int targets)"
+    if attrs["reduction"] != "mean":
+        return f"reduction={attrs['reduction']!r} (this kernel takes the mean)"
     if x.shape[1] >= 1 << 24:
         return f"vocabulary {x.shape[1]} (targets are compared in float32: under 2^24)"
     if not -(2**31) <= attrs["ignore_index"] < 2**31:

@@ -1,4 +1,4 @@
-"""Cross-entropy of logits [N, V] against int64 targets [N], mean over the targets not ignored."""
+"""Cross-entropy of logits [N, V] against int64 targets [N]: the mean over the targets not ignored, or the sum."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import torch.nn.functional as F
 
 from ...registry import Key, Op, register_op
 
+REDUCTIONS = ("mean", "sum")
 
-def reference(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> torch.Tensor:
-    return F.cross_entropy(logits, target, ignore_index=ignore_index)
+
+def reference(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str) -> torch.Tensor:
+    return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction)
 
 
 def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, ignored: float = 0.05,
@@ -33,17 +35,20 @@ def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 def shape_problem(specs, attrs: dict) -> str | None:
     x, t = specs
-    if len(x.shape) != 2 or len(t.shape) != 1 or t.shape[0] != x.shape[0] or x.numel == 0:
+    if len(x.shape) != 2 or len(t.shape) != 1 or t.shape[0] != x.shape[0]:
         return f"logits {list(x.shape)} and target {list(t.shape)} (supports logits [N, V], target [N])"
+    if attrs["reduction"] not in REDUCTIONS:
+        return f"reduction={attrs['reduction']!r} (supports {', '.join(map(repr, REDUCTIONS))})"
     return None
 
 
 CROSS_ENTROPY = register_op(Op(
-    name="cross_entropy", reference=reference, tensors=("logits", "target"), attrs={"ignore_index": int},
-    defaults={"ignore_index": -100}, differentiable=("logits",), data_dependent=("target",),
-    make_inputs=make_inputs,
+    name="cross_entropy", reference=reference, tensors=("logits", "target"),
+    attrs={"ignore_index": int, "reduction": str}, defaults={"ignore_index": -100, "reduction": "mean"},
+    differentiable=("logits",), data_dependent=("target",), make_inputs=make_inputs,
     examples=(
         ((((1, 5), "float32"), ((1,), "int64")), {}),
+        ((((9, 70), "float32"), ((9,), "int64")), {"reduction": "sum"}),
         ((((37, 1000), "float32"), ((37,), "int64")), {}),
         ((((256, 4096), "float32"), ((256,), "int64")), {}),
     ),

@@ -1,13 +1,14 @@
-"""Embedding on the CPU (numba): a parallel row gather; backward, a scatter-add (see _indexed)."""
+"""Embedding on the CPU (numba): a parallel row gather; backward, a scatter-add (see _indexed) whose row
+``padding_idx`` is zero."""
 
 from __future__ import annotations
 
 import torch
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import array, max_threads, out_of_range, require, thread_choices
+from .._cpu import FLOATS, array, max_threads, out_of_range, require, rounded, thread_choices
 from .._indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
-from .op import EMBEDDING, fake
+from .op import EMBEDDING, fake, padding_row
 
 
 def forward(tensors, attrs, config):
@@ -16,15 +17,19 @@ def forward(tensors, attrs, config):
     if out_of_range(idx, w.shape[0]) is not None:
         raise IndexError("index out of range in self")
     out = torch.empty((*ids.shape, w.shape[1]), dtype=w.dtype)
-    gather(array(w), idx, out.numpy().reshape(idx.size, -1), config["threads"])
+    gather(array(w), idx, array(out).reshape(idx.size, w.shape[1]), config["threads"])
     return (out,)
 
 
 def backward(grads, tensors, results, attrs, config):
     (dy,), (ids, w) = grads, tensors
-    dw = torch.empty(w.shape, dtype=w.dtype)
+    dw = torch.empty(w.shape, dtype=torch.float32)  # float32 sums, rounded once to a bfloat16 weight's dtype
     idx = array(ids).reshape(-1)
-    scatter_add(array(dy).reshape(idx.size, -1), idx, dw.numpy(), config["scatter"], config["threads"])
+    scatter_add(array(dy).reshape(idx.size, w.shape[1]), idx, dw.numpy(), config["scatter"], config["threads"])
+    dw = rounded(dw, w.dtype)
+    pad = padding_row(attrs["padding_idx"], w.shape[0])
+    if pad is not None:
+        dw[pad] = 0
     return (dw,)
 
 
@@ -32,7 +37,10 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     ids, w = specs
     if len(w.shape) != 2:
         return f"weight of shape {list(w.shape)} (needs [V, D])"
-    return require(specs, {0: ("int64",), 1: ("float32",)})
+    p = attrs["padding_idx"]
+    if p is not None and padding_row(p, w.shape[0]) is None:
+        return f"padding_idx={p} outside the {w.shape[0]} rows of weight"
+    return require(specs, {0: ("int64", "int32"), 1: FLOATS})
 
 
 def constraint(config: dict, key: Key) -> bool:

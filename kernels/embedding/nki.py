@@ -49,6 +49,8 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     why = indirect_problem()
     if why:
         return why
+    if attrs["padding_idx"] is not None:
+        return f"padding_idx={attrs['padding_idx']} (this kernel's weight gradient has no padding row)"
     if w.shape[0] >= 1 << 24:
         return f"vocabulary {w.shape[0]} (ids are compared in float32: under 2^24)"
     if not fits_sbuf(4 * w.shape[1] + 8):

@@ -1,4 +1,4 @@
-"""Embedding lookup: ``weight[ids]``; its weight gradient is a scatter-add."""
+"""Embedding lookup: ``weight[ids]``; its weight gradient is a scatter-add, zero at ``padding_idx``."""
 
 from __future__ import annotations
 
@@ -9,18 +9,30 @@ from ...registry import Key, Op, register_op
 from .._indices import make_index, sample_or
 
 
-def reference(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return F.embedding(ids, weight)
+def reference(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None) -> torch.Tensor:
+    return F.embedding(ids, weight, padding_idx)
 
 
 def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, dist: str = "zipf", sort: bool = False,
                 **_) -> tuple[torch.Tensor, ...]:
-    """Token ids are Zipf-skewed by default (frequent tokens repeat: the scatter-add's hard case)."""
+    """Token ids are Zipf-skewed by default (frequent tokens repeat: the scatter-add's hard case); with a
+    ``padding_idx``, a few positions are padding."""
     ids_spec, w = key.inputs
     ids = sample_or(samples, "ids", ids_spec.shape)
     if ids is None:
         ids = make_index(ids_spec.shape, w.shape[0], gen, dist, sort)
-    return ids, torch.randn(w.shape, generator=gen, dtype=getattr(torch, w.dtype))
+        pad = padding_row(key.attr_dict.get("padding_idx"), w.shape[0])
+        if pad is not None:
+            ids = ids.masked_fill(torch.rand(ids.shape, generator=gen) < 0.05, pad)
+    return ids.to(getattr(torch, ids_spec.dtype)), torch.randn(w.shape, generator=gen, dtype=getattr(torch, w.dtype))
+
+
+def padding_row(padding_idx: int | None, rows: int) -> int | None:
+    """The weight row ``padding_idx`` names (negative counts from the end, as in ``F.embedding``); None when it
+    names none (no padding, or out of range: ``F.embedding`` rejects that)."""
+    if padding_idx is None or not -rows <= padding_idx < rows:
+        return None
+    return padding_idx % rows
 
 
 def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor]:
@@ -29,10 +41,11 @@ def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor]:
 
 
 EMBEDDING = register_op(Op(
-    name="embedding", reference=reference, tensors=("ids", "weight"), differentiable=("weight",),
-    data_dependent=("ids",), make_inputs=make_inputs,
+    name="embedding", reference=reference, tensors=("ids", "weight"), attrs={"padding_idx": int | None},
+    defaults={"padding_idx": None}, differentiable=("weight",), data_dependent=("ids",), make_inputs=make_inputs,
     examples=(
         ((((1,), "int64"), ((3, 4), "float32")), {}),
+        ((((6, 5), "int64"), ((20, 8), "float32")), {"padding_idx": 0}),
         ((((5, 7), "int64"), ((50, 33), "float32")), {}),
         ((((4, 256), "int64"), ((2048, 128), "float32")), {}),
     ),

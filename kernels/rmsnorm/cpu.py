@@ -5,7 +5,8 @@ squares, then the scaled write), so a row stays in cache between the passes.
 Backward: each task writes its rows of dx and accumulates its own partial dweight
 row; a second parallel pass sums the partials by column. ``rows_per_task`` trades
 parallelism against the size of that partial buffer; ``threads=1`` skips the
-parallel launch, which costs more than small inputs take.
+parallel launch, which costs more than small inputs take. float32 or bfloat16, computed in float32 (the
+weight gradient is summed in float64 and rounded once).
 """
 
 from __future__ import annotations
@@ -15,7 +16,20 @@ import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import array, kernel, launch, max_threads, rows_view, thread_choices
+from .._cpu import (
+    FLOATS,
+    array,
+    as_rows,
+    cast_to,
+    f32,
+    kernel,
+    launch,
+    max_threads,
+    require,
+    rounded,
+    rows_view,
+    thread_choices,
+)
 from .op import RMSNORM, fake, shape_problem
 
 ROWS_PER_TASK = (1, 4, 16, 64, 256)
@@ -25,23 +39,24 @@ _COLS = 256  # columns per task of the dweight reduction
 def _forward_body(x, w, eps, rows, y, rstd):
     n, d = x.shape
     tasks = (n + rows - 1) // rows
-    inv_d = np.float32(1.0 / d)
+    inv_d = np.float32(1.0) / np.float32(d)
     for t in prange(tasks):
         r1 = min(n, (t + 1) * rows)
         for r in range(t * rows, r1):
             acc = np.float32(0.0)  # fastmath: a vectorised sum, several partial sums in flight
             for j in range(d):
-                acc += x[r, j] * x[r, j]
+                v = f32(x[r, j])
+                acc += v * v
             s = np.float32(1.0) / np.sqrt(acc * inv_d + np.float32(eps))
             rstd[r] = s
             for j in range(d):
-                y[r, j] = x[r, j] * s * w[j]
+                y[r, j] = cast_to(y, f32(x[r, j]) * s * f32(w[j]))
 
 
 def _backward_body(dy, x, w, rstd, rows, dx, partial):
     n, d = x.shape
     tasks = partial.shape[0]
-    inv_d = np.float32(1.0 / d)
+    inv_d = np.float32(1.0) / np.float32(d)
     for t in prange(tasks):
         p = partial[t]
         for j in range(d):
@@ -51,12 +66,12 @@ def _backward_body(dy, x, w, rstd, rows, dx, partial):
             s = rstd[r]
             acc = np.float32(0.0)
             for j in range(d):
-                acc += dy[r, j] * w[j] * x[r, j]
+                acc += f32(dy[r, j]) * f32(w[j]) * f32(x[r, j])
             c = acc * s * s * s * inv_d
             for j in range(d):
-                g = dy[r, j]
-                dx[r, j] = s * (g * w[j]) - c * x[r, j]
-                p[j] += g * x[r, j] * s
+                g, v = f32(dy[r, j]), f32(x[r, j])
+                dx[r, j] = cast_to(dx, s * (g * f32(w[j])) - c * v)
+                p[j] += g * v * s
 
 
 def _column_sum_body(partial, out):
@@ -80,38 +95,34 @@ _column_sum = kernel(_column_sum_body)
 
 def forward(tensors: tuple, attrs: dict, config: dict) -> tuple[torch.Tensor, torch.Tensor]:
     x, w = tensors
-    d = x.shape[-1]
     y = torch.empty(x.shape, dtype=x.dtype)
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32)
-    xa = array(x).reshape(-1, d)  # a view: supports() admits only collapsible leading dims
+    xa = as_rows(x)
     threads = config["threads"]
-    launch(_forward, threads, xa, array(w), attrs["eps"], -(-xa.shape[0] // threads),
-           y.numpy().reshape(-1, d), rstd.numpy().reshape(-1))
+    launch(_forward, threads, xa, array(w), attrs["eps"], max(1, -(-xa.shape[0] // threads)), as_rows(y),
+           rstd.numpy().reshape(-1))
     return y, rstd
 
 
 def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: dict) -> tuple:
     (dy,), (x, w), (_, rstd) = grads, tensors, results
-    d = x.shape[-1]
-    xa = array(x).reshape(-1, d)
+    xa = as_rows(x)
+    d = xa.shape[1]
     rows = config["rows_per_task"]
     partial = torch.empty((-(-xa.shape[0] // rows), d)).numpy()  # torch's allocator reuses freed pages
     dx = torch.empty(x.shape, dtype=x.dtype)
-    dw = torch.empty(d, dtype=w.dtype)
+    dw = torch.empty(d, dtype=torch.float32)  # rounded once to a bfloat16 weight's dtype
     threads = config["threads"]
-    launch(_backward, threads, array(dy).reshape(-1, d), xa, array(w), array(rstd).reshape(-1), rows,
-           dx.numpy().reshape(-1, d), partial)
+    launch(_backward, threads, as_rows(dy), xa, array(w), array(rstd).reshape(-1), rows, as_rows(dx), partial)
     launch(_column_sum, threads if d > _COLS else 1, partial, dw.numpy())
-    return dx, dw
+    return dx, rounded(dw, w.dtype)
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
-    x, w = specs
-    if x.dtype != "float32" or w.dtype != "float32":
-        return f"dtypes {x.dtype}, {w.dtype} (supports float32, float32)"
-    why = shape_problem(specs, attrs)
+    why = require(specs, {0: FLOATS, 1: FLOATS}, contiguous=False) or shape_problem(specs, attrs)
     if why:
         return why
+    x, w = specs
     if x.layout[-1] != 1 or (w.strides is not None and w.strides != (1,)):
         return "a last dim that is not contiguous"
     if not rows_view(x.shape, x.strides):

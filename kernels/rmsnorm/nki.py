@@ -186,6 +186,8 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     why = shape_problem(specs, attrs)
     if why:
         return why
+    if x.numel == 0:
+        return "empty x"
     if not x.is_contiguous or not w.is_contiguous:
         return "non-contiguous inputs"
     d = x.shape[-1]

@@ -1,111 +1,154 @@
 """RoPE on the CPU (numba): queries and keys rotated in one pass over each (batch, position).
 
 Each task owns whole positions, so it also owns their rows of the cos and sin gradients
-(summed over heads) with no conflicts. ``positions_per_task`` sets the grain.
+(summed over heads) with no conflicts; where cos and sin have batch 1 for a larger q/k batch (what Hugging
+Face passes without position_ids), a task owns its positions in every batch, whose gradients it sums too.
+``positions_per_task`` sets the grain. q and k are read in place in any layout: contiguous, or Hugging Face's
+transposed views (``x.view(b, s, h, d).transpose(1, 2)``) as their [b, s, h, d] memory, both at full speed,
+any other through its strides. float32 or bfloat16, computed in float32.
 """
 
 from __future__ import annotations
 
-import numba
+import numpy as np
 import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import array, kernel, launch, max_threads, require, thread_choices
+from .._cpu import (
+    ELEMENTWISE,
+    FLOATS,
+    array,
+    cast_to,
+    f32,
+    inline,
+    kernel,
+    launch,
+    max_threads,
+    require,
+    rounded,
+    thread_choices,
+)
 from .op import ROPE, fake, shape_problem
 
 POSITIONS = (1, 8, 64)
 
 
-def _rotate(x, c, s, b, heads, p, half, out):
-    """out = x * cos + rot(x) * sin for every head at (b, p)."""
-    cr, sr = c[b, p], s[b, p]
+@inline
+def _row(x, bshd, b, h, p):
+    """Head h's row at position p of batch b, from x stored [b, h, s, d] or (``bshd``) [b, s, h, d]."""
+    return x[b, p, h] if bshd else x[b, h, p]
+
+
+@inline
+def _rotate(x, xt, c, s, b, cb, heads, p, half, out):
+    """out = x * cos + rot(x) * sin for every head at (b, p); cos and sin of batch cb."""
+    cr, sr = c[cb, p], s[cb, p]
     for h in range(heads):
-        xr, orow = x[b, h, p], out[b, h, p]
+        xr, orow = _row(x, xt, b, h, p), out[b, h, p]
         for j in range(half):
-            a, z = xr[j], xr[j + half]
-            orow[j] = a * cr[j] - z * sr[j]
-            orow[j + half] = z * cr[j + half] + a * sr[j + half]
+            a, z = f32(xr[j]), f32(xr[j + half])
+            orow[j] = cast_to(orow, a * f32(cr[j]) - z * f32(sr[j]))
+            orow[j + half] = cast_to(orow, z * f32(cr[j + half]) + a * f32(sr[j + half]))
 
 
-@numba.njit(inline="always")
-def _task(t, nb, ns, grain):
-    """Task t's batch and positions: tasks run over (block of ``grain`` positions, batch), batch fastest."""
-    p0 = (t // nb) * grain
-    return t % nb, p0, min(ns, p0 + grain)
+@inline
+def _task(t, nbc, nb, ns, grain):
+    """Task t's batches, cos/sin batch and positions: tasks run over (block of ``grain`` positions, cos/sin
+    batch), batch fastest; a cos/sin batch of 1 for a larger q/k batch takes every batch."""
+    p0 = (t // nbc) * grain
+    cb = t % nbc
+    b0, b1 = (cb, cb + 1) if nbc == nb else (0, nb)
+    return b0, b1, cb, p0, min(ns, p0 + grain)
 
 
-def _forward_body(q, k, c, s, grain, qo, ko):
-    nb, hq, ns, d = q.shape
-    hk = k.shape[1]
+def _forward_body(q, qt, k, kt, c, s, grain, qo, ko):
+    nb, hq, ns, d = qo.shape
+    nbc = c.shape[0]
+    hk = ko.shape[1]
     half = d // 2
-    for t in prange(nb * ((ns + grain - 1) // grain)):
-        b, p0, p1 = _task(t, nb, ns, grain)
-        for p in range(p0, p1):
-            _rotate_nb(q, c, s, b, hq, p, half, qo)
-            _rotate_nb(k, c, s, b, hk, p, half, ko)
+    for t in prange(nbc * ((ns + grain - 1) // grain)):
+        b0, b1, cb, p0, p1 = _task(t, nbc, nb, ns, grain)
+        for b in range(b0, b1):
+            for p in range(p0, p1):
+                _rotate(q, qt, c, s, b, cb, hq, p, half, qo)
+                _rotate(k, kt, c, s, b, cb, hk, p, half, ko)
 
 
-def _rotate_back(x, g, c, s, b, heads, p, half, dx, dc, ds):
+@inline
+def _rotate_back(x, xt, g, c, s, b, cb, heads, p, half, dx, dc, ds):
     """dx = the rotation of g by -angle; dcos += g * x and dsin += g * rot(x), summed over heads."""
+    cr, sr, dcr, dsr = c[cb, p], s[cb, p], dc[cb, p], ds[cb, p]
     for h in range(heads):
-        xr, gr, dr = x[b, h, p], g[b, h, p], dx[b, h, p]
-        cr, sr, dcr, dsr = c[b, p], s[b, p], dc[b, p], ds[b, p]
+        xr, gr, dr = _row(x, xt, b, h, p), g[b, h, p], dx[b, h, p]
         for j in range(half):
-            a, z = xr[j], xr[j + half]
-            ga, gz = gr[j], gr[j + half]
-            dr[j] = ga * cr[j] + gz * sr[j + half]
-            dr[j + half] = gz * cr[j + half] - ga * sr[j]
+            a, z = f32(xr[j]), f32(xr[j + half])
+            ga, gz = f32(gr[j]), f32(gr[j + half])
+            dr[j] = cast_to(dr, ga * f32(cr[j]) + gz * f32(sr[j + half]))
+            dr[j + half] = cast_to(dr, gz * f32(cr[j + half]) - ga * f32(sr[j]))
             dcr[j] += ga * a
             dcr[j + half] += gz * z
             dsr[j] -= ga * z
             dsr[j + half] += gz * a
 
 
-def _backward_body(gq, gk, q, k, c, s, grain, dq, dk, dc, ds):
-    nb, hq, ns, d = q.shape
-    hk = k.shape[1]
+def _backward_body(gq, gk, q, qt, k, kt, c, s, grain, dq, dk, dc, ds):
+    nb, hq, ns, d = dq.shape
+    nbc = c.shape[0]
+    hk = dk.shape[1]
     half = d // 2
-    for t in prange(nb * ((ns + grain - 1) // grain)):
-        b, p0, p1 = _task(t, nb, ns, grain)
+    for t in prange(nbc * ((ns + grain - 1) // grain)):
+        b0, b1, cb, p0, p1 = _task(t, nbc, nb, ns, grain)
         for p in range(p0, p1):
             for j in range(d):
-                dc[b, p, j] = 0.0
-                ds[b, p, j] = 0.0
-            _rotate_back_nb(q, gq, c, s, b, hq, p, half, dq, dc, ds)
-            _rotate_back_nb(k, gk, c, s, b, hk, p, half, dk, dc, ds)
+                dc[cb, p, j] = 0.0
+                ds[cb, p, j] = 0.0
+            for b in range(b0, b1):
+                _rotate_back(q, qt, gq, c, s, b, cb, hq, p, half, dq, dc, ds)
+                _rotate_back(k, kt, gk, c, s, b, cb, hk, p, half, dk, dc, ds)
 
 
-_rotate_nb = numba.njit(inline="always", fastmath=True)(_rotate)
-_rotate_back_nb = numba.njit(inline="always", fastmath=True)(_rotate_back)
-_forward = kernel(_forward_body)
-_backward = kernel(_backward_body)
+_forward = kernel(_forward_body, ELEMENTWISE)
+_backward = kernel(_backward_body, ELEMENTWISE)
+
+
+def _heads(t: torch.Tensor) -> tuple[np.ndarray, bool]:
+    """q or k as a C-contiguous array where its memory is one, and whether that array is [b, s, h, d] (Hugging
+    Face's ``view(b, s, h, d).transpose(1, 2)``): rows of either order vectorise. Any other layout is read
+    through its strides, correct but slower."""
+    a = array(t)
+    if a.flags.c_contiguous:
+        return a, False
+    hf = a.transpose(0, 2, 1, 3)
+    return (hf, True) if hf.flags.c_contiguous else (a, False)
 
 
 def forward(tensors, attrs, config):
     q, k, c, s = tensors
     qo, ko = torch.empty(q.shape, dtype=q.dtype), torch.empty(k.shape, dtype=k.dtype)
-    launch(_forward, config["threads"], array(q), array(k), array(c), array(s), config["positions_per_task"],
-           qo.numpy(), ko.numpy())
+    launch(_forward, config["threads"], *_heads(q), *_heads(k), array(c), array(s), config["positions_per_task"],
+           array(qo), array(ko))
     return qo, ko
 
 
 def backward(grads, tensors, results, attrs, config):
     (gq, gk), (q, k, c, s) = grads, tensors
     dq, dk = torch.empty(q.shape, dtype=q.dtype), torch.empty(k.shape, dtype=k.dtype)
-    dc, ds = torch.empty(c.shape, dtype=c.dtype), torch.empty(s.shape, dtype=s.dtype)
-    launch(_backward, config["threads"], array(gq), array(gk), array(q), array(k), array(c), array(s),
-           config["positions_per_task"], dq.numpy(), dk.numpy(), dc.numpy(), ds.numpy())
-    return dq, dk, dc, ds
+    # float32 sums, rounded once to bfloat16 cos/sin
+    dc, ds = torch.empty(c.shape, dtype=torch.float32), torch.empty(s.shape, dtype=torch.float32)
+    launch(_backward, config["threads"], array(gq), array(gk), *_heads(q), *_heads(k), array(c), array(s),
+           config["positions_per_task"], array(dq), array(dk), dc.numpy(), ds.numpy())
+    return dq, dk, rounded(dc, c.dtype), rounded(ds, s.dtype)
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
-    return shape_problem(specs, attrs) or require(specs, {i: ("float32",) for i in range(4)})
+    """Any strides (transposed q/k views are read in place), one float dtype for all four."""
+    return shape_problem(specs, attrs) or require(specs, {i: FLOATS for i in range(4)}, contiguous=False)
 
 
 def constraint(config: dict, key: Key) -> bool:
-    b, _, n, _ = key.inputs[0].shape
-    tasks = b * -(-n // config["positions_per_task"])
+    _, _, n, _ = key.inputs[0].shape
+    tasks = key.inputs[2].shape[0] * -(-n // config["positions_per_task"])
     return config["threads"] == 1 or tasks >= config["threads"]
 
 

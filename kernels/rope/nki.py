@@ -119,6 +119,8 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     if why:
         return why
     d = specs[0].shape[-1]
+    if specs[2].shape[0] != specs[0].shape[0]:
+        return f"cos/sin of batch {specs[2].shape[0]} for q/k of batch {specs[0].shape[0]} (needs the same batch)"
     if {x.dtype for x in specs} - {"float32", "bfloat16"} or not all(x.is_contiguous for x in specs):
         return "dtypes or layouts other than contiguous float32/bfloat16"
     if not fits_sbuf(d * 4 * 9):

@@ -35,13 +35,14 @@ def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def shape_problem(specs, attrs: dict) -> str | None:
-    """What every impl declines alike: other ranks, broadcast cos/sin, an odd head dim."""
+    """What every impl declines alike: other ranks, other broadcasts of cos/sin, an odd head dim."""
     q, k, c, s = specs
     if len(q.shape) != 4 or len(k.shape) != 4 or len(c.shape) != 3 or c.shape != s.shape:
         return "shapes other than q, k [batch, heads, seq, dim] and cos, sin [batch, seq, dim]"
     b, _, n, d = q.shape
-    if k.shape[0] != b or k.shape[2:] != (n, d) or c.shape != (b, n, d):
-        return f"shapes q {list(q.shape)}, k {list(k.shape)}, cos {list(c.shape)} (no broadcasting)"
+    if k.shape[0] != b or k.shape[2:] != (n, d) or c.shape[1:] != (n, d) or c.shape[0] not in (1, b):
+        return (f"shapes q {list(q.shape)}, k {list(k.shape)}, cos {list(c.shape)} (no broadcasting but cos/sin "
+                "of batch 1)")
     if d % 2:
         return f"odd head dim {d}"
     return None
@@ -57,5 +58,7 @@ ROPE = register_op(Op(
           ((2, 9, 16), "float32")), {}),
         ((((2, 8, 64, 64), "float32"), ((2, 8, 64, 64), "float32"), ((2, 64, 64), "float32"),
          ((2, 64, 64), "float32")), {}),
+        ((((3, 4, 17, 32), "bfloat16"), ((3, 2, 17, 32), "bfloat16"), ((1, 17, 32), "bfloat16"),
+          ((1, 17, 32), "bfloat16")), {}),
     ),
 ))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import array, max_threads, out_of_range, require, thread_choices
+from .._cpu import FLOATS, array, max_threads, out_of_range, require, rounded, thread_choices
 from .._indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
 from .op import SEGMENT_SUM, fake, shape_problem
 
@@ -14,25 +16,27 @@ def forward(tensors, attrs, config):
     src, index = tensors
     idx = array(index)
     n = attrs["num_segments"]
-    bad = out_of_range(idx, n)
+    width = math.prod(src.shape[1:])
+    bad = out_of_range(idx, n) if n * width else None  # index_add_ into nothing checks no index
     if bad is not None:  # the error index_add_ raises
         raise RuntimeError(f"index {bad} is out of bounds for dimension 0 with size {n}")
-    out = torch.empty((n, *src.shape[1:]), dtype=src.dtype)
-    scatter_add(array(src).reshape(idx.size, -1), idx, out.numpy().reshape(n, -1), config["scatter"],
+    out = torch.empty((n, *src.shape[1:]), dtype=torch.float32)  # float32 sums, rounded once to a bfloat16 src's dtype
+    scatter_add(array(src).reshape(idx.size, width), idx, out.numpy().reshape(n, width), config["scatter"],
                 config["threads"])
-    return (out,)
+    return (rounded(out, src.dtype),)
 
 
 def backward(grads, tensors, results, attrs, config):
     (dy,), (src, index) = grads, tensors
     idx = array(index)
     dsrc = torch.empty(src.shape, dtype=src.dtype)
-    gather(array(dy).reshape(dy.shape[0], -1), idx, dsrc.numpy().reshape(idx.size, -1), config["threads"])
+    width = math.prod(src.shape[1:])
+    gather(array(dy).reshape(dy.shape[0], width), idx, array(dsrc).reshape(idx.size, width), config["threads"])
     return (dsrc,)
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
-    return shape_problem(specs, attrs) or require(specs, {0: ("float32",), 1: ("int64",)})
+    return shape_problem(specs, attrs) or require(specs, {0: FLOATS, 1: ("int64", "int32")})
 
 
 def constraint(config: dict, key: Key) -> bool:

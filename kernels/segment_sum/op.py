@@ -27,12 +27,12 @@ def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor]:
 
 
 def shape_problem(specs, attrs: dict) -> str | None:
-    """What every impl declines alike: shapes other than index [N], src [N, ...], or no segments."""
+    """What every impl declines alike: shapes other than index [N], src [N, ...], or a negative count."""
     src, index = specs
     if len(index.shape) != 1 or not src.shape or index.shape[0] != src.shape[0]:
         return f"src {list(src.shape)} and index {list(index.shape)} (supports index [N], src [N, ...])"
-    if attrs["num_segments"] < 1:
-        return f"num_segments={attrs['num_segments']}"
+    if attrs["num_segments"] < 0:
+        return f"num_segments={attrs['num_segments']} (must not be negative)"
     return None
 
 

@@ -6,6 +6,9 @@ then exp stored into the output with its sum, then one scaling pass (vectorises)
 Backward: dx = y * (dy - sum(dy * y)) from the saved output, with dy shifted by c, its value at the peak
 where some y is above one half (exact because sum(y) = 1). Without the shift a peaked row, y_peak within an
 ulp of 1, computes the peak's gradient as a difference of nearly equal numbers and keeps no correct digit.
+No shift where dy at the peak is inf or nan (nothing to keep; PyTorch's nan and inf then land where its
+formula puts them), nor for a bfloat16 y, whose rounded values do not sum to 1.
+float32 or bfloat16 (computed in float32; the bfloat16 output is what the backward reads, as in PyTorch).
 """
 
 from __future__ import annotations
@@ -15,50 +18,69 @@ import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import array, exp32, kernel, launch, max_sumexp, max_threads, require, thread_choices
+from .._cpu import (
+    FLOATS,
+    as_rows,
+    cast_to,
+    exp32,
+    f32,
+    finite32,
+    fmax32,
+    holds_f32,
+    kernel,
+    launch,
+    max_sumexp,
+    max_threads,
+    require,
+    rows_view,
+    thread_choices,
+)
 from .op import SOFTMAX, dim_problem, fake
 
 
 def _forward_body(x, online, y):
     n, d = x.shape
+    keep = holds_f32(y)  # a float32 output holds the exps between passes; a bfloat16 one would round them
     for r in prange(n):
         if online:  # max and sum in one pass, then the write
             m, s = max_sumexp(x, r, 1)
             inv = np.float32(1.0) / s
             for j in range(d):
-                y[r, j] = exp32(x[r, j] - m) * inv
-        else:  # max; exp stored with its sum; one scaling pass
+                y[r, j] = cast_to(y, exp32(f32(x[r, j]) - m) * inv)
+        else:  # max; exp (stored) and its sum; one scaling pass
             m = np.float32(-np.inf)
             for j in range(d):
-                m = max(m, x[r, j])
+                m = fmax32(m, f32(x[r, j]))
             s = np.float32(0.0)
             for j in range(d):
-                e = exp32(x[r, j] - m)
-                y[r, j] = e
+                e = exp32(f32(x[r, j]) - m)
+                if keep:
+                    y[r, j] = cast_to(y, e)
                 s += e
             inv = np.float32(1.0) / s
             for j in range(d):
-                y[r, j] *= inv
+                e = f32(y[r, j]) if keep else exp32(f32(x[r, j]) - m)
+                y[r, j] = cast_to(y, e * inv)
 
 
 def _backward_body(dy, y, dx):
     n, d = y.shape
     half = np.float32(0.5)
     zero = np.float32(0.0)
+    shift = holds_f32(y)  # a bfloat16 y does not sum to 1 closely enough for the shift to be exact
     for r in prange(n):
-        a = zero  # sum(y * dy) and sum(y) over the entries below one half
-        b = zero
-        c = zero  # dy at the peak, the one entry above one half if there is one
+        at_peak = zero  # dy at the peak, the one entry above one half if there is one
+        if shift:
+            for j in range(d):
+                at_peak += zero if f32(y[r, j]) <= half else f32(dy[r, j])
+        peak = shift and finite32(at_peak)  # an inf or nan dy: no digits to keep; PyTorch's own nan and inf
+        c = at_peak if peak else zero
+        acc = zero  # sum(y * (dy - c)): the peak's own term is exactly 0
         for j in range(d):
-            yj, g = y[r, j], dy[r, j]
-            low = yj <= half
-            a += yj * g if low else zero
-            b += yj if low else zero
-            c += zero if low else g
-        acc = a - c * b  # sum(y * (dy - c)): the peak's own term is exactly 0
+            acc += f32(y[r, j]) * (f32(dy[r, j]) - c)
         for j in range(d):  # the peak apart: fastmath may regroup (dy - c) - acc as dy - (c + acc)
-            yj = y[r, j]
-            dx[r, j] = yj * -acc if yj > half else yj * ((dy[r, j] - c) - acc)
+            yj = f32(y[r, j])
+            dx[r, j] = cast_to(dx, yj * -acc if peak and yj > half else yj * ((f32(dy[r, j]) - c) - acc))
 
 
 _forward = kernel(_forward_body)
@@ -68,21 +90,25 @@ _backward = kernel(_backward_body)
 def forward(tensors, attrs, config):
     (x,) = tensors
     y = torch.empty(x.shape, dtype=x.dtype)
-    d = x.shape[-1]
-    launch(_forward, config["threads"], array(x).reshape(-1, d), config["online"], y.numpy().reshape(-1, d))
+    launch(_forward, config["threads"], as_rows(x), config["online"], as_rows(y))
     return (y,)
 
 
 def backward(grads, tensors, results, attrs, config):
     (dy,), (y,) = grads, results
     dx = torch.empty(y.shape, dtype=y.dtype)
-    d = y.shape[-1]
-    launch(_backward, config["threads"], array(dy).reshape(-1, d), array(y).reshape(-1, d), dx.numpy().reshape(-1, d))
+    launch(_backward, config["threads"], as_rows(dy), as_rows(y), as_rows(dx))
     return (dx,)
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
-    return require(specs, {0: ("float32",)}) or dim_problem(specs, attrs)
+    why = require(specs, {0: FLOATS}, contiguous=False) or dim_problem(specs, attrs)
+    if why:
+        return why
+    (x,) = specs
+    if x.shape and x.layout[-1] != 1 or not rows_view(x.shape, x.strides):
+        return "a layout whose rows are not contiguous or do not collapse into one row axis without a copy"
+    return None
 
 
 def constraint(config: dict, key: Key) -> bool:

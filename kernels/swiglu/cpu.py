@@ -1,7 +1,10 @@
-"""SwiGLU on the CPU (numba): one fused elementwise pass, forward and backward.
+"""SwiGLU on the CPU (numba): one fused elementwise pass, forward and backward (float32 or bfloat16, computed
+in float32).
 
 The work is split into tasks of ``block`` elements: small blocks balance the threads,
 large ones keep each thread streaming; ``threads=1`` skips the parallel launch.
+The formulas are PyTorch's (``x / (1 + exp(-x))`` and its derivative ``s * (1 + x * (1 - s))``), so inf and
+nan land where they land in PyTorch.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import array, exp32, kernel, launch, max_threads, require, thread_choices
+from .._cpu import ELEMENTWISE, FLOATS, array, cast_to, exp32, f32, kernel, launch, max_threads, require, thread_choices
 from .op import SWIGLU, fake
 
 BLOCKS = (4096, 16384, 65536)
@@ -23,8 +26,8 @@ def _forward_body(g, u, block, out):
         lo, hi = t * block, min(n, (t + 1) * block)
         gb, ub, ob = g[lo:hi], u[lo:hi], out[lo:hi]  # slices: the inner loop vectorises
         for i in range(hi - lo):
-            x = gb[i]
-            ob[i] = x / (np.float32(1.0) + exp32(-x)) * ub[i]
+            x = f32(gb[i])
+            ob[i] = cast_to(ob, x / (np.float32(1.0) + exp32(-x)) * f32(ub[i]))
 
 
 def _backward_body(dy, g, u, block, dg, du):
@@ -33,21 +36,21 @@ def _backward_body(dy, g, u, block, dg, du):
         lo, hi = t * block, min(n, (t + 1) * block)
         yb, gb, ub, dgb, dub = dy[lo:hi], g[lo:hi], u[lo:hi], dg[lo:hi], du[lo:hi]
         for i in range(hi - lo):
-            x = gb[i]
+            x, gy = f32(gb[i]), f32(yb[i])
             s = np.float32(1.0) / (np.float32(1.0) + exp32(-x))
-            dub[i] = yb[i] * x * s
-            dgb[i] = yb[i] * ub[i] * s * (np.float32(1.0) + x * (np.float32(1.0) - s))
+            dub[i] = cast_to(dub, gy * (x * s))
+            dgb[i] = cast_to(dgb, gy * f32(ub[i]) * (s * (np.float32(1.0) + x * (np.float32(1.0) - s))))
 
 
-_forward = kernel(_forward_body)
-_backward = kernel(_backward_body)
+_forward = kernel(_forward_body, ELEMENTWISE)
+_backward = kernel(_backward_body, ELEMENTWISE)
 
 
 def forward(tensors, attrs, config):
     g, u = tensors
     out = torch.empty(g.shape, dtype=g.dtype)
     launch(_forward, config["threads"], array(g).reshape(-1), array(u).reshape(-1), config["block"],
-           out.numpy().reshape(-1))
+           array(out).reshape(-1))
     return (out,)
 
 
@@ -55,7 +58,7 @@ def backward(grads, tensors, results, attrs, config):
     (dy,), (g, u) = grads, tensors
     dg, du = torch.empty(g.shape, dtype=g.dtype), torch.empty(u.shape, dtype=u.dtype)
     launch(_backward, config["threads"], array(dy).reshape(-1), array(g).reshape(-1), array(u).reshape(-1),
-           config["block"], dg.numpy().reshape(-1), du.numpy().reshape(-1))
+           config["block"], array(dg).reshape(-1), array(du).reshape(-1))
     return dg, du
 
 
@@ -63,7 +66,7 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     g, u = specs
     if g.shape != u.shape:
         return f"shapes {list(g.shape)} and {list(u.shape)} (no broadcasting)"
-    return require(specs, {0: ("float32",), 1: ("float32",)})
+    return require(specs, {0: FLOATS, 1: FLOATS})
 
 
 def constraint(config: dict, key: Key) -> bool:

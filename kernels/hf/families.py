@@ -1,0 +1,66 @@
+"""The Hugging Face model families the patching knows, and the exact classes it patches in each."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Family:
+    """One family: its ``config.model_type`` and the class-name prefix of its modeling module."""
+
+    model_type: str
+    prefix: str
+
+    @property
+    def modeling(self) -> ModuleType:
+        return importlib.import_module(f"transformers.models.{self.model_type}.modeling_{self.model_type}")
+
+    def cls(self, kind: str) -> type:
+        """The family's class of one kind: RMSNorm, MLP, Attention, Model, ForCausalLM."""
+        return getattr(self.modeling, f"{self.prefix}{kind}")
+
+
+FAMILIES = {f.model_type: f for f in (Family("llama", "Llama"), Family("mistral", "Mistral"),
+                                      Family("qwen2", "Qwen2"), Family("qwen3", "Qwen3"))}
+
+
+def forward_uses(cls: type, name: str) -> bool:
+    """Whether ``cls.forward`` (under its decorators) reads the global or attribute ``name`` when it runs."""
+    forward = cls.forward
+    while hasattr(forward, "__wrapped__"):
+        forward = forward.__wrapped__
+    return name in forward.__code__.co_names
+
+
+class UnsupportedModel(ValueError):
+    """The model is not one of the families the patching knows."""
+
+
+def families_of(model: nn.Module) -> list[Family]:
+    """The families of the Hugging Face models in ``model``; an error for a model of any other family
+    (another family's modules compute other things under the same names: Gemma's RMSNorm scales by
+    ``1 + weight``, its MLP is GELU-gated)."""
+    from transformers import PreTrainedModel
+
+    supported = ", ".join(FAMILIES)
+    found: dict[str, Family] = {}
+    for name, m in model.named_modules():
+        if not isinstance(m, PreTrainedModel):
+            continue
+        model_type = getattr(m.config, "model_type", None)
+        if model_type not in FAMILIES:
+            where = f" (at {name})" if name else ""
+            raise UnsupportedModel(
+                f"nki_autotune.kernels.hf: {type(m).__name__}{where} is of the family {model_type!r}, which is not "
+                f"supported; supported families: {supported}")
+        found[model_type] = FAMILIES[model_type]
+    if not found:
+        raise UnsupportedModel(
+            f"nki_autotune.kernels.hf: {type(model).__name__} holds no Hugging Face model (a transformers "
+            f"PreTrainedModel); supported families: {supported}")
+    return list(found.values())

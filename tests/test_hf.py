@@ -1,0 +1,358 @@
+"""Hugging Face models patched with the pack (nki_autotune.kernels.hf): tiny random models of each family, patched
+against unpatched copies, eager and compiled; the families it does not know keep their numerics exactly."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+transformers = pytest.importorskip("transformers")
+
+from nki_autotune.kernels import hf  # noqa: E402
+from nki_autotune.registry import Entry, get_op, load_profile, ops, record, scope  # noqa: E402
+
+from .helpers import rel_err  # noqa: E402
+from .test_compile import Graphs, fresh, targets  # noqa: E402, F401  (fresh: dynamo reset around each test)
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILIES = {  # config class, model class, what the family adds to the tiny config
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 8}),  # per-head q_norm / k_norm
+}
+TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=96, max_position_embeddings=64, pad_token_id=0, tie_word_embeddings=False)
+SITES = {"llama": {"rmsnorm": 5, "swiglu": 2, "rope": 2, "cross_entropy": 1, "embedding": 1},
+         "qwen3": {"rmsnorm": 9, "swiglu": 2, "rope": 2, "cross_entropy": 1, "embedding": 1}}
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+def build(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, noise: float = 0.1,
+          **extra) -> torch.nn.Module:
+    """A tiny model of ``family`` with random weights: transformers' init moved by ``noise`` (norm weights not one)."""
+    config_cls, model_cls, family_extra = FAMILIES.get(family, (None, None, {}))
+    if config_cls is None:
+        config_cls, model_cls = f"{family}Config", f"{family}ForCausalLM"
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**TINY, **family_extra, **extra))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(noise * torch.randn_like(p))
+    return model.to(dtype)
+
+
+def batch(seed: int, vocab: int = TINY["vocab_size"], b: int = 3, s: int = 12) -> dict[str, torch.Tensor]:
+    """Token ids with left and right padding, its attention mask, and labels with -100 on padding and elsewhere."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (b, s), generator=g)
+    mask = torch.ones(b, s, dtype=torch.long)
+    mask[1, :3] = 0
+    mask[2, -4:] = 0
+    ids = ids.masked_fill(mask == 0, TINY["pad_token_id"])
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[0, 5] = -100
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def run(model, inputs, **kwargs) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Logits, loss and every parameter's gradient of one forward and backward."""
+    model.zero_grad(set_to_none=True)
+    out = model(**inputs, **kwargs)
+    out.loss.backward()
+    return out.logits.detach(), out.loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def table_for(model, inputs, tmp_path, write_table) -> str:
+    """A table from a recording of ``model``: every other key takes the op's CPU kernel, the rest the compiler."""
+    path = tmp_path / "profile.yaml"
+    with record(path):
+        run(model, inputs)
+    entries = []
+    for i, key in enumerate(load_profile(path, ops()).keys(ops())):
+        impl = cpu_impl(key.op)
+        entries.append(Entry(key, impl.name if i % 2 == 0 else None, dict(impl.default) if i % 2 == 0 else {},
+                             reason="test"))
+    return write_table(entries)
+
+
+def cpu_impl(op: str):
+    return next(impl for impl in get_op(op).impls.values() if impl.backend == "cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_patched_matches_unpatched(family, dtype, tmp_path, write_table):
+    """Logits, loss and gradients against the unpatched model, kernels off, on and by a table.
+
+    In bfloat16 the weights are transformers' init, and each parameter's gradient is held to what transformers'
+    own bfloat16 model reaches: its norm weights' gradients are 1.4% from its float32 run (reductions of
+    bfloat16 products), so the kernels, which compute in float32, differ from it by about as much. There the
+    patched model must be no further from the float32 run than transformers' bfloat16 model is (or 1e-2), and
+    all gradients together within 1e-2 of transformers' bfloat16 ones."""
+    low = dtype != torch.float32
+    ref = build(family, dtype=dtype, noise=0.0 if low else 0.1)
+    model = copy.deepcopy(ref)
+    counts = hf.patch(model)
+    assert counts == SITES.get(family, SITES["llama"])
+    inputs = batch(1)
+    want = run(ref, inputs)
+    exact = run(build(family, noise=0.0), inputs) if low else want  # the same weights in float32
+    variants = {"off": {"NKI_AUTOTUNE_KERNELS": "off"}, "on": {"NKI_AUTOTUNE_KERNELS": "on"},
+                "table": {"NKI_AUTOTUNE_TABLE": table_for(model, inputs, tmp_path, write_table)}}
+    for name, env in variants.items():
+        with scope(**env):
+            logits, loss, grads = run(model, inputs)
+        assert torch.isfinite(logits).all()
+        assert rel_err(logits, want[0]) <= TOL[dtype], name
+        assert rel_err(loss, want[1]) <= TOL[dtype], name
+        assert rel_err(_flat(grads), _flat(want[2])) <= TOL[dtype], name
+        for p, g in grads.items():
+            if low:
+                floor = max(TOL[dtype], rel_err(want[2][p], exact[2][p]))
+                assert rel_err(g, exact[2][p]) <= 1.5 * floor, f"{name}: gradient of {p}"
+            else:
+                assert rel_err(g, want[2][p]) <= TOL[dtype], f"{name}: gradient of {p}"
+        if name == "off" and not low:  # the expressions transformers writes, bit for bit
+            assert torch.equal(logits, want[0]) and torch.equal(loss, want[1])
+    pad = model.get_input_embeddings().padding_idx
+    assert not grads["model.embed_tokens.weight"][pad].any()  # padding_idx: no gradient reaches its row
+
+
+def _flat(grads: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([g.double().flatten() for g in grads.values()])
+
+
+def test_loss_keeps_shift_ignore_index_and_num_items_in_batch():
+    """The loss the patch binds is transformers' ForCausalLMLoss: shift, ignore index, the sum over
+    num_items_in_batch under gradient accumulation, given shift_labels."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(2, 7, 11, generator=g)
+    labels = torch.randint(0, 11, (2, 7), generator=g)
+    labels[0, 2] = -100
+    labels[1, 4] = 5
+    cases = [(labels, {}), (labels, {"num_items_in_batch": torch.tensor(9)}), (labels, {"num_items_in_batch": 9}),
+             (labels.masked_fill(labels == -100, 5), {"ignore_index": 5}),
+             (labels, {"shift_labels": torch.randint(0, 11, (2, 7), generator=g)})]
+    for env in ({"NKI_AUTOTUNE_KERNELS": "off"}, {"NKI_AUTOTUNE_KERNELS": "on"}):
+        with scope(**env):
+            for y, kw in cases:
+                got_x = logits.clone().requires_grad_()
+                want_x = logits.clone().requires_grad_()
+                got = hf.causal_lm_loss(got_x, y, 11, **kw)
+                want = ForCausalLMLoss(want_x, y, 11, **kw)
+                got.backward()
+                want.backward()
+                assert rel_err(got, want) <= 1e-6 and rel_err(got_x.grad, want_x.grad) <= 1e-5, (env, kw)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compiled_patched_model_has_one_graph_with_every_op_a_kernel(family, switches):
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    model = build(family)
+    counts = hf.patch(model)
+    graphs = Graphs()
+    step = torch.compile(model, backend=graphs, fullgraph=True, dynamic=False)
+    for seed in (3, 4):  # a second step at the same shape: no new graph
+        out = step(**batch(seed))
+        out.loss.backward()
+    assert counters["graph_break"] == {}
+    assert len(graphs.dynamo) == 1 and len(graphs.forward) == 1 and len(graphs.backward) == 1
+    fwd = [str(n.target) for n in graphs.forward[0].graph.nodes if n.op == "call_function"]
+    for op, n in counts.items():
+        impl = cpu_impl(op)
+        assert fwd.count(f"nki_autotune.{impl.op_name}.default") == n, op
+        assert f"nki_autotune.{impl.op_name}_backward.default" in targets(graphs.backward[0]), op
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_twenty_adamw_steps_follow_the_unpatched_run(family, switches):
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    losses = []
+    for patched in (False, True):
+        model = build(family, seed=5)
+        if patched:
+            hf.patch(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        run_losses = []
+        inputs = batch(100)  # one batch, learnt by heart: the loss falls fast
+        for _ in range(20):
+            opt.zero_grad(set_to_none=True)
+            out = model(**inputs)
+            out.loss.backward()
+            opt.step()
+            run_losses.append(out.loss.item())
+        losses.append(run_losses)
+    assert losses[0][-1] < losses[0][0] - 0.5  # it learns: the comparison is not of a flat line
+    assert max(abs(a - b) for a, b in zip(*losses)) <= 1e-4, list(zip(*losses))
+
+
+def test_unpatch_restores_the_forwards_and_the_rotary_function(switches):
+    import transformers.models.llama.modeling_llama as modeling
+
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    gc.collect()  # models other tests patched and dropped count as unpatched
+    original = modeling.apply_rotary_pos_emb
+    assert original.__module__ == modeling.__name__ and not hasattr(original, "__wrapped__")
+    ref, model, other = build("llama"), build("llama"), build("llama")
+    before = {n: p for n, p in model.named_parameters()}
+    state = {k: (v.data_ptr(), v.dtype, v.device) for k, v in model.state_dict().items()}
+    hf.patch(model)
+    hf.patch(other)
+    first = {n: m.__dict__["forward"] for n, m in model.named_modules() if "forward" in m.__dict__}
+    assert hf.patch(model) == SITES["llama"]  # a second patch changes nothing
+    assert first == {n: m.__dict__["forward"] for n, m in model.named_modules() if "forward" in m.__dict__}
+    assert {n: p for n, p in model.named_parameters()} == before
+    assert {k: (v.data_ptr(), v.dtype, v.device) for k, v in model.state_dict().items()} == state
+    assert modeling.apply_rotary_pos_emb is not original
+    hf.unpatch(model)
+    assert modeling.apply_rotary_pos_emb is not original  # `other` is still patched
+    hf.unpatch(other)
+    assert modeling.apply_rotary_pos_emb is original
+    dropped = build("llama")
+    hf.patch(dropped)
+    assert modeling.apply_rotary_pos_emb is not original
+    del dropped
+    gc.collect()
+    assert modeling.apply_rotary_pos_emb is original
+    for m in (model, other):
+        assert not [n for n, x in m.named_modules() if "forward" in x.__dict__ or "_loss_function" in x.__dict__]
+        assert hf.sites(m) == {op: [] for op in hf.OPS}
+    inputs = batch(6)
+    got, want = run(model, inputs), run(ref, inputs)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_site_labels_are_qualified_module_names(tmp_path):
+    model = build("qwen3")
+    hf.patch(model)
+    path = tmp_path / "p.yaml"
+    with record(path):
+        run(model, batch(7))
+    recorded = {(s.op, s.site) for s in load_profile(path, ops()).sites}
+    assert recorded == {(op, name) for op, names in hf.sites(model).items() for name in names}
+    assert {("rmsnorm", "model.layers.0.input_layernorm"), ("rmsnorm", "model.layers.1.self_attn.k_norm"),
+            ("rope", "model.layers.0.self_attn"), ("swiglu", "model.layers.1.mlp"),
+            ("embedding", "model.embed_tokens"), ("cross_entropy", "Qwen3ForCausalLM")} <= recorded
+
+
+def test_other_families_are_refused_and_keep_their_numerics(switches):
+    """Gemma's RMSNorm is (1 + w)-scaled and its MLP GELU-gated: patching it is refused, and neither it nor an
+    unpatched model of a patched family computes anything else while another model is patched."""
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    gemma = build("Gemma", head_dim=8)
+    bystander = build("llama")
+    inputs = batch(8)
+    want_gemma, want_llama = run(gemma, inputs), run(bystander, inputs)
+    with pytest.raises(hf.UnsupportedModel, match="'gemma'.*supported families: llama, mistral, qwen2, qwen3"):
+        hf.patch(gemma)
+    patched = build("llama")
+    hf.patch(patched)
+    for model, want in ((gemma, want_gemma), (bystander, want_llama)):
+        got = run(model, inputs)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert all(torch.equal(g, want[2][p]) for p, g in got[2].items())
+    with pytest.raises(hf.UnsupportedModel, match="holds no Hugging Face model"):
+        hf.patch(torch.nn.Linear(2, 2))
+    hf.unpatch(patched)
+
+
+def test_a_forward_set_by_someone_else_is_not_overwritten():
+    model = build("llama")
+    mlp = model.model.layers[1].mlp
+    mlp.forward = lambda x: x
+    with pytest.raises(ValueError, match="model.layers.1.mlp has its own forward"):
+        hf.patch(model)
+    assert hf.sites(model) == {op: [] for op in hf.OPS}
+    assert hf.patch(model, swiglu=False)["swiglu"] == 0
+    hf.unpatch(model)
+
+
+def test_versions_outside_the_tested_range_are_refused_and_the_extra_pins_that_range():
+    with pytest.raises(hf.UnsupportedVersion, match=r"transformers >=.*installed: 4\.40\.0.*nki-autotune\[hf\]"):
+        hf.check_version("4.40.0")
+    assert hf.check_version() == transformers.__version__
+    extras = (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]")[1].split("\n[")[0]
+    pins = [line.split("=", 1)[0].strip() for line in extras.splitlines() if f'"transformers{hf.SUPPORTED}"' in line]
+    assert sorted(pins) == ["dev", "hf"]
+
+
+def test_code_transformers_moved_is_refused_not_patched_into_a_no_op(monkeypatch):
+    import transformers.models.llama.modeling_llama as modeling
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k):
+            return q, k
+
+    with pytest.raises(RuntimeError, match="does not call .*apply_rotary_pos_emb.*rope=False"):
+        hf.check_routable(modeling, Attention)
+    model = build("llama")
+    monkeypatch.setattr(modeling.LlamaForCausalLM, "forward", lambda self, **kw: kw)
+    with pytest.raises(RuntimeError, match="through self.loss_function.*cross_entropy=False"):
+        hf.patch(model)
+    assert hf.sites(model) == {op: [] for op in hf.OPS}  # refused: nothing bound
+
+
+def _from_checkout(code: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NKI_AUTOTUNE_")}
+    env.pop("PYTHONPATH", None)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_the_checkout_kernels_folder_does_not_shadow_hugging_face_kernels(tmp_path):
+    """From the checkout root (on sys.path as ''), ``kernels`` is this folder; transformers imports ``kernels``
+    while it loads its modeling code (to see whether Hugging Face's kernels is installed)."""
+    r = _from_checkout("""
+        import sys
+        assert sys.path[0] == ''
+        from transformers import LlamaConfig, LlamaForCausalLM
+        LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1, vocab_size=32))
+        import kernels
+        assert getattr(kernels, '__file__', None) is None, kernels   # absent: nothing but a namespace
+        import nki_autotune.kernels as nk
+        print(nk.rmsnorm.__module__)
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "nki_autotune.kernels.rmsnorm"
+    installed = tmp_path / "site" / "kernels"  # Hugging Face's kernels, installed elsewhere on sys.path
+    installed.mkdir(parents=True)
+    (installed / "__init__.py").write_text("from .layer import Mode\n")
+    (installed / "layer.py").write_text("class Mode:\n    pass\n")
+    r = _from_checkout("""
+        import kernels
+        from kernels.layer import Mode
+        import nki_autotune.kernels as nk
+        print(kernels.__file__, kernels.Mode is Mode, nk.swiglu.__module__)
+    """, {"PYTHONPATH": str(tmp_path / "site")})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(installed / "__init__.py"), "True", "nki_autotune.kernels.swiglu"]
+
+
+def test_the_example_step_factory_is_reproducible():
+    """examples/train.py's make_step() (verify's STEP): two calls give the same weights and batches; the step
+    returns the loss."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("example_train", ROOT / "examples" / "train.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.BATCH, example.SEQ = 2, 64  # the protocol, at a smaller batch
+    a, b = example.make_step(compile=False), example.make_step(compile=False)
+    first = [a() for _ in range(2)]
+    second = [b() for _ in range(2)]
+    assert all(x.dim() == 0 and not x.requires_grad for x in first)
+    assert torch.equal(torch.stack(first), torch.stack(second)) and torch.isfinite(first[0])

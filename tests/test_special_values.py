@@ -1,0 +1,293 @@
+"""Every CPU kernel against its PyTorch expression on what hypothesis draws: shapes (empty tensors and single
+elements included), the layouts models pass, float32 and bfloat16, and special values (inf, -inf, nan, huge,
+tiny) in the inputs and in the gradients flowing back. Forward and backward, every config of the impl.
+
+A kernel gives what PyTorch gives: nan exactly where the expression, run in float32, has nan; inf of the same
+sign where it has inf; finite values close to it or to the expression in float64 (a kernel computing in float32
+is allowed to be the more exact of the two), within what the dtype can resolve there: the spread of the
+expression itself over inputs moved by a few ulps (where it cancels, no float32 code does better). For
+bfloat16 the expression runs in float32 on the same values and its results are rounded to bfloat16: the
+kernels compute in float32, as the compiler path does, rather than rounding every intermediate to bfloat16
+as eager PyTorch does (``silu(g)`` of a subnormal ``g`` is 0 there, and ``0 * inf`` nan).
+"""
+
+from __future__ import annotations
+
+import math
+
+import hypothesis.strategies as st
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+import nki_autotune.kernels  # noqa: F401  (registers the ops)
+from nki_autotune.registry import Key, TensorSpec, get_op
+
+SPECIALS = (0.0, -0.0, 1e-40, -1e-40, 1e-30, 1e20, -1e20, 1e30, -1e30, math.inf, -math.inf, math.nan)
+"""Huge values are such that the product of two overflows and their products with ordinary values or sums of a
+few do not, tiny ones such that the product of two underflows: where a result lands right at the edge of the
+range depends on the order of the operations, which no two implementations share (PyTorch's own eager and
+compiled code included)."""
+DTYPES = (torch.float32, torch.bfloat16)
+RTOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+EXAMPLES = 40  # per op: about 15 s for all seven ops once numba's cache is warm
+
+dims = st.integers(0, 5)
+wide = st.one_of(st.integers(0, 5), st.integers(6, 70))
+
+
+class Case:
+    """One call: the op, its tensors (in their layouts) and its attributes."""
+
+    def __init__(self, op: str, tensors: tuple, attrs: tuple):
+        self.op, self.tensors, self.attrs = op, tensors, attrs
+
+    def __repr__(self) -> str:
+        def one(t: torch.Tensor) -> str:
+            out = f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)} strides {list(t.stride())}"
+            if t.is_floating_point() and t.numel():
+                odd = t[~t.isfinite() | (t.abs() > 1e20) | ((t != 0) & (t.abs() < 1e-20))]
+                out += f" specials {odd.tolist()[:6]}" if odd.numel() else ""
+            return out + (f" = {t.tolist()}" if t.numel() <= 16 else "")
+
+        return f"{self.op}({', '.join(map(one, self.tensors))}; attrs {self.attrs})"
+
+
+def cpu_impl(name: str):
+    return next(i for i in get_op(name).impls.values() if i.backend == "cpu")
+
+
+@st.composite
+def specials(draw, t: torch.Tensor, pool=SPECIALS) -> torch.Tensor:
+    """``t`` (a view keeps its layout) with a few elements set to special values; sometimes none."""
+    n = t.numel()
+    for i, v in draw(st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(pool)), max_size=4)):
+        if n:
+            t[torch.unravel_index(torch.tensor(i % n), t.shape)] = v
+    return t
+
+
+@st.composite
+def generators(draw) -> torch.Generator:
+    """Random values for a case, reproducible from hypothesis' own draws (so a failure replays)."""
+    return torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+
+
+def randn(gen, shape, dtype, scale=2.0) -> torch.Tensor:
+    return (scale * torch.randn(shape, generator=gen)).to(dtype)
+
+
+def strided_rows(draw, gen, shape, dtype) -> torch.Tensor:
+    """A tensor of ``shape`` that is contiguous, or a slice of a wider one (rows strided, last dim contiguous)."""
+    if shape and draw(st.booleans()):
+        pad = draw(st.integers(1, 3))
+        return randn(gen, (*shape[:-1], shape[-1] + pad), dtype)[..., pad:]
+    return randn(gen, shape, dtype)
+
+
+@st.composite
+def rmsnorm_case(draw) -> Case:
+    dtype, gen = draw(st.sampled_from(DTYPES)), draw(generators())
+    shape = (*draw(st.lists(dims, max_size=2)), draw(wide))
+    x = draw(specials(strided_rows(draw, gen, shape, dtype)))
+    w = draw(specials(randn(gen, shape[-1:], dtype, 1.0)))
+    return Case("rmsnorm", (x, w), (draw(st.sampled_from([1e-6, 1e-5])),))
+
+
+@st.composite
+def softmax_case(draw) -> Case:
+    dtype, gen = draw(st.sampled_from(DTYPES)), draw(generators())
+    shape = (*draw(st.lists(dims, max_size=2)), draw(wide))
+    x = draw(specials(strided_rows(draw, gen, shape, dtype)))
+    return Case("softmax", (x,), (draw(st.sampled_from([-1, len(shape) - 1])),))
+
+
+@st.composite
+def swiglu_case(draw) -> Case:
+    dtype, gen = draw(st.sampled_from(DTYPES)), draw(generators())
+    shape = (*draw(st.lists(dims, max_size=2)), draw(wide))
+    return Case("swiglu", (draw(specials(randn(gen, shape, dtype))), draw(specials(randn(gen, shape, dtype)))), ())
+
+
+def heads(draw, gen, b, h, s, d, dtype) -> torch.Tensor:
+    """q or k [b, h, s, d]: contiguous, Hugging Face's transposed view of [b, s, h, d], or a slice of a wider
+    head dim (read through its strides)."""
+    layout = draw(st.sampled_from(["contiguous", "hf", "slice"]))
+    if layout == "hf":
+        return randn(gen, (b, s, h, d), dtype).transpose(1, 2)
+    if layout == "slice":
+        return randn(gen, (b, h, s, d + 2), dtype)[..., 1:d + 1]
+    return randn(gen, (b, h, s, d), dtype)
+
+
+@st.composite
+def rope_case(draw) -> Case:
+    dtype, gen = draw(st.sampled_from(DTYPES)), draw(generators())
+    b, hq, hk, s, half = (draw(dims) for _ in range(5))
+    d = 2 * half
+    q = draw(specials(heads(draw, gen, b, hq, s, d, dtype)))
+    k = draw(specials(heads(draw, gen, b, hk, s, d, dtype)))
+    cb = draw(st.sampled_from([b, 1]))  # Hugging Face passes batch 1 without position_ids
+    angle = torch.rand(cb, s, half, generator=gen) * 100
+    emb = torch.cat([angle, angle], -1)
+    cos = draw(specials(emb.cos().to(dtype), (0.0, 1e-40, math.inf, -math.inf, math.nan)))
+    sin = draw(specials(emb.sin().to(dtype), (0.0, 1e-40, math.inf, -math.inf, math.nan)))
+    return Case("rope", (q, k, cos, sin), ())
+
+
+@st.composite
+def cross_entropy_case(draw) -> Case:
+    dtype, gen = draw(st.sampled_from(DTYPES)), draw(generators())
+    n, v = draw(dims), draw(wide)
+    ignore = draw(st.sampled_from([-100, 0, 2]))
+    logits = randn(gen, (v, n), dtype).t() if draw(st.booleans()) else strided_rows(draw, gen, (n, v), dtype)
+    logits = draw(specials(logits))
+    target = torch.tensor(draw(st.lists(st.sampled_from([ignore] + list(range(v))), min_size=n, max_size=n)),
+                          dtype=torch.int64)
+    return Case("cross_entropy", (logits, target), (ignore, draw(st.sampled_from(["mean", "sum"]))))
+
+
+@st.composite
+def embedding_case(draw) -> Case:
+    dtype, gen = draw(st.sampled_from(DTYPES)), draw(generators())
+    v, d = draw(st.integers(1, 12)), draw(wide)
+    shape = tuple(draw(st.lists(dims, min_size=1, max_size=2)))
+    ids = torch.randint(0, v, shape, generator=gen, dtype=draw(st.sampled_from([torch.int64, torch.int32])))
+    pad = draw(st.one_of(st.none(), st.integers(-v, v - 1)))
+    if pad is not None and ids.numel():
+        ids.view(-1)[::2] = pad % v
+    return Case("embedding", (ids, draw(specials(randn(gen, (v, d), dtype)))), (pad,))
+
+
+@st.composite
+def segment_sum_case(draw) -> Case:
+    dtype, gen = draw(st.sampled_from(DTYPES)), draw(generators())
+    n, segs = draw(dims), draw(st.integers(0, 9))
+    if n and not segs:
+        segs = 1
+    src = draw(specials(randn(gen, (n, *draw(st.lists(dims, max_size=2))), dtype)))
+    index = torch.randint(0, max(segs, 1), (n,), generator=gen,
+                          dtype=draw(st.sampled_from([torch.int64, torch.int32])))
+    return Case("segment_sum", (src, index), (segs,))
+
+
+CASES = {"rmsnorm": rmsnorm_case, "softmax": softmax_case, "swiglu": swiglu_case, "rope": rope_case,
+         "cross_entropy": cross_entropy_case, "embedding": embedding_case, "segment_sum": segment_sum_case}
+
+
+def key_of(case: Case) -> Key:
+    op = get_op(case.op)
+    specs = tuple(TensorSpec(tuple(t.shape), str(t.dtype).removeprefix("torch."), tuple(t.stride()),
+                             t.is_floating_point() and name in op.differentiable)
+                  for t, name in zip(case.tensors, op.tensors))
+    return Key.of(op, specs, dict(zip(op.attrs, case.attrs)))
+
+
+def run(fn, tensors: tuple, grads_of: list[int], seeds: list[torch.Tensor]) -> tuple[list, list]:
+    """Outputs of ``fn`` and the gradients of ``sum(out * seed)`` for the inputs ``grads_of``."""
+    leaves = [t.detach().requires_grad_(i in grads_of) for i, t in enumerate(tensors)]
+    outs = fn(*leaves)
+    outs = list(outs) if isinstance(outs, tuple) else [outs]
+    wanted = [leaves[i] for i in grads_of]
+    if not wanted:
+        return outs, []
+    grads = torch.autograd.grad(outs, wanted, [s.to(o.dtype) for s, o in zip(seeds, outs)], allow_unused=True)
+    return [o.detach() for o in outs], [torch.zeros_like(t) if g is None else g for g, t in zip(grads, wanted)]
+
+
+def _float_dtype(ts: tuple) -> torch.dtype:
+    return next(t.dtype for t in ts if t.is_floating_point())
+
+
+def nudged(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """``t`` with each float element moved by up to four ulps of its dtype."""
+    if not t.is_floating_point():
+        return t
+    ulp = 2.0 ** -(8 if t.dtype == torch.bfloat16 else 24)
+    steps = torch.randint(-4, 5, t.shape, generator=gen).double()
+    return (t.double() * (1 + steps * ulp)).to(t.dtype)
+
+
+def assert_like_pytorch(got: torch.Tensor, ref: torch.Tensor, ref64: torch.Tensor, floor: torch.Tensor,
+                        what: str) -> None:
+    assert got.shape == ref.shape and got.dtype == ref.dtype, (what, got.shape, got.dtype, ref.shape, ref.dtype)
+    g, r, h = got.double(), ref.double(), ref64.double()
+
+    def differ(bad: torch.Tensor, kind: str) -> str:
+        at = bad.nonzero()[:4].tolist()
+        return f"{what}: {kind} differ at {at}: kernel {[g[tuple(i)].item() for i in at]}, " \
+               f"PyTorch {[r[tuple(i)].item() for i in at]}, float64 {[h[tuple(i)].item() for i in at]}"
+
+    for kind, mask in (("nan", lambda t: t.isnan()), ("+inf", lambda t: t.isinf() & (t > 0)),
+                       ("-inf", lambda t: t.isinf() & (t < 0))):
+        bad = mask(g) != mask(r)
+        assert not bad.any(), differ(bad, kind)
+    rtol = RTOL[got.dtype]
+    fin = r.isfinite()
+
+    def close(expect: torch.Tensor) -> torch.Tensor:
+        # relative to each element and to its row's magnitude (cancellation within a row loses that much)
+        mag = expect.abs().where(expect.isfinite(), 0.0)
+        row = mag.amax(-1, keepdim=True) if mag.dim() and mag.shape[-1] else mag
+        return (g - expect).abs() <= rtol * (mag + row) + 16 * floor + 1e-37
+
+    bad = fin & ~(close(r) | close(h))
+    assert not bad.any(), differ(bad, "finite values")
+
+
+def check(case: Case, config: int, seed_specials: list) -> None:
+    op, impl = get_op(case.op), cpu_impl(case.op)
+    key = key_of(case)
+    why = impl.supports(key.inputs, key.attr_dict)
+    assert why is None, f"{impl.qualname} declines {key.label()}: {why}"
+    configs = impl.configs()
+    cfg = impl.config_values(configs[config % len(configs)])
+    grads_of = list(key.grads)
+    n_res = op.outputs + impl.saved
+
+    def kernel(*ts):
+        out = impl.fwd_op(*ts, *case.attrs, *cfg)
+        return out if n_res == 1 else tuple(out[:op.outputs])
+
+    with torch.no_grad():
+        shapes = [o.shape for o in run(kernel, case.tensors, [], [])[0]]
+    gen = torch.Generator().manual_seed(config)
+    seeds = []
+    for shape in shapes:
+        s = torch.randn(shape, generator=gen, dtype=torch.float64)
+        for i, v in seed_specials:
+            if s.numel():
+                s.view(-1)[i % s.numel()] = v
+        seeds.append(s)
+    outs, grads = run(kernel, case.tensors, grads_of, seeds)
+    def ref(*ts):
+        """The expression in float32 (on bfloat16 values too), its results in the inputs' dtype."""
+        up = tuple(t.float() if t.is_floating_point() else t for t in ts)
+        out = op.reference(*up, *case.attrs)
+        return tuple(o.to(t.dtype) for o, t in zip(out, ts)) if isinstance(out, tuple) else out.to(_float_dtype(ts))
+
+    def ref64(*ts):
+        return op.reference(*ts, *case.attrs)
+
+    ref_all = sum(run(ref, case.tensors, grads_of, seeds), [])
+    ref64_all = sum(run(ref64, tuple(t.double() if t.is_floating_point() else t for t in case.tensors), grads_of,
+                        seeds), [])
+    floor = [torch.zeros(h.shape, dtype=torch.float64) for h in ref64_all]
+    for _ in range(3):  # what the dtype resolves here: the expression's spread over nudged inputs
+        for f, r, h in zip(floor, sum(run(ref, tuple(nudged(t, gen) for t in case.tensors), grads_of, seeds), []),
+                           ref64_all):
+            f.copy_(torch.maximum(f, (r.double() - h).abs().nan_to_num(0.0, 0.0, 0.0)))
+    names = [f"output {i}" for i in range(len(outs))] + [f"grad {op.tensors[i]}" for i in grads_of]
+    for got, r, h, f, what in zip(outs + grads, ref_all, ref64_all, floor, names):
+        assert_like_pytorch(got, r, h, f, what)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_kernel_gives_what_pytorch_gives(name):
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(case=CASES[name](), config=st.integers(0, 63),
+           seed_specials=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(SPECIALS)), max_size=2))
+    def prop(case, config, seed_specials):
+        check(case, config, seed_specials)
+
+    prop()
