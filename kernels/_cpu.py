@@ -79,8 +79,9 @@ def _bits_from_f32(typingctx, x):
 
 
 @intrinsic
-def _fma(typingctx, a, b, c):
-    """a * b + c rounded once (``llvm.fma``), whatever the fast-math flags."""
+def fma32(typingctx, a, b, c):
+    """a * b + c rounded once (``llvm.fma``), whatever the fast-math flags: for kernels to fuse where a product
+    cannot overflow on its own (a factor within [-1, 1], or a square added to a sum of squares)."""
     def codegen(context, builder, signature, args):
         f = ir.FloatType()
         fn = builder.module.declare_intrinsic("llvm.fma", [f], ir.FunctionType(f, [f, f, f]))
@@ -166,14 +167,14 @@ def exp32(x):
     that 0 (PyTorch gives subnormals there: less than 2.2e-38 apart). numba's own np.exp is a scalar libm
     call per element here."""
     xc = min(max(x, _LO), _HI)
-    k = np.floor(_fma(xc, np.float32(1.44269504), np.float32(0.5)))
-    r = _fma(k, np.float32(2.12194440e-4), _fma(k, np.float32(-0.693359375), xc))
-    p = _fma(np.float32(1.9875691500e-4), r, np.float32(1.3981999507e-3))  # fused: bounded terms, no overflow
-    p = _fma(p, r, np.float32(8.3334519073e-3))
-    p = _fma(p, r, np.float32(4.1665795894e-2))
-    p = _fma(p, r, np.float32(1.6666665459e-1))
-    p = _fma(p, r, np.float32(5.0000001201e-1))
-    p = _fma(p, r * r, r + np.float32(1.0))
+    k = np.floor(fma32(xc, np.float32(1.44269504), np.float32(0.5)))
+    r = fma32(k, np.float32(2.12194440e-4), fma32(k, np.float32(-0.693359375), xc))
+    p = fma32(np.float32(1.9875691500e-4), r, np.float32(1.3981999507e-3))  # fused: bounded terms, no overflow
+    p = fma32(p, r, np.float32(8.3334519073e-3))
+    p = fma32(p, r, np.float32(4.1665795894e-2))
+    p = fma32(p, r, np.float32(1.6666665459e-1))
+    p = fma32(p, r, np.float32(5.0000001201e-1))
+    p = fma32(p, r * r, r + np.float32(1.0))
     # p * 2^k as an integer add to p's exponent: p is within [0.70, 1.42] (below 1 where k = 128, as x <= _HI),
     # so the result is a normal float for every k in [-125, 128] that the clamp leaves
     e = _f32_from_bits(_bits_from_f32(p) + (np.int32(k) << np.int32(23)))
@@ -194,10 +195,12 @@ def max_sumexp(x, r, online, skip=-1):
         for j in range(x.shape[1]):
             v = f32(x[r, j])
             if v > m:  # exp(v - v) is 1, or nan at v = inf as in PyTorch's two-pass sum
-                s = s * exp32(m - v) + (zero if j == skip else exp32(v - v))
+                e = exp32(v - v)
+                s = s * exp32(m - v) + (zero if j == skip else e)
                 m = v
             else:  # v = m = -inf adds exp(-inf) = 0, not exp(nan): the max may still rise
-                s += zero if j == skip or v == -np.inf else exp32(v - m)
+                e = exp32(v - m)
+                s += zero if j == skip or v == -np.inf else e
     else:
         for j in range(x.shape[1]):
             m = fmax32(m, f32(x[r, j]))

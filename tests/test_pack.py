@@ -111,6 +111,60 @@ def test_matches_float64_reference_forward_and_backward(switches, case, shape, s
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__.removesuffix("_case"))
+def test_bfloat16_in_and_out_within_1e_2_of_float64(switches, case):
+    """bfloat16 inputs, outputs and gradients, computed in float32 by the kernel."""
+    gen = torch.Generator().manual_seed(RNG.randrange(2**31))
+    name, inputs, attrs, ref, fn = case((RNG.randint(2, 40), RNG.randint(2, 90)), gen)
+    inputs = tuple(t.bfloat16() if t.is_floating_point() else t for t in inputs)
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    assert explain(name, *(t.requires_grad_() if t.is_floating_point() else t for t in inputs), *attrs).path == "kernel"
+    outs, grads = run_with_grads(fn, inputs)
+    ref_outs, ref_grads = run_with_grads(ref, as64(inputs))
+    for o, r in zip(outs, ref_outs):
+        assert o.dtype == torch.bfloat16 and rel_err(o, r) < 1e-2
+    for g, r, t in zip(grads, ref_grads, (t for t in inputs if t.is_floating_point())):
+        assert g.dtype == torch.bfloat16 and g.shape == t.shape and rel_err(g, r) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cos_batch", [1, 3])
+def test_rope_reads_hugging_face_transposed_views_in_place(switches, dtype, cos_batch):
+    """q, k as Hugging Face makes them (``x.view(b, s, h, d).transpose(1, 2)``), cos/sin of batch 1 (no
+    position_ids) or of the batch: the kernel takes them, reads their memory without a copy, and is right."""
+    from nki_autotune.kernels.rope import cpu as rope_cpu
+
+    gen = torch.Generator().manual_seed(RNG.randrange(2**31))
+    b, s, hq, hk, d = 3, 7, 4, 2, 16
+    q = torch.randn(b, s, hq * d, generator=gen).to(dtype).view(b, s, hq, d).transpose(1, 2)
+    k = torch.randn(b, s, hk * d, generator=gen).to(dtype).view(b, s, hk, d).transpose(1, 2)
+    ang = torch.rand(cos_batch, s, d // 2, generator=gen) * 50
+    cos, sin = torch.cat([ang, ang], -1).cos().to(dtype), torch.cat([ang, ang], -1).sin().to(dtype)
+    assert not q.is_contiguous() and q.stride() == (s * hq * d, d, hq * d, 1)
+    view, bshd = rope_cpu._heads(q)
+    assert bshd and view.flags.c_contiguous and view.ctypes.data == q.data_ptr()  # the same memory, read in place
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    assert explain("rope", q, k, cos, sin).path == "kernel"
+    ref = get_op("rope").reference
+    outs, grads = run_with_grads(nk.rope, (q, k, cos, sin))
+    ref_outs, ref_grads = run_with_grads(ref, as64((q, k, cos, sin)))
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert all(o.dtype == dtype and rel_err(o, r) < tol for o, r in zip(outs, ref_outs))
+    assert all(g.shape == r.shape and rel_err(g, r) < tol for g, r in zip(grads, ref_grads))
+
+
+def test_rmsnorm_with_eps_0_gives_nan_on_a_zero_row_like_pytorch(switches):
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    x = torch.randn(3, 8)
+    x[1] = 0
+    w = torch.randn(8)
+    outs, grads = run_with_grads(lambda a, b: nk.rmsnorm(a, b, 0.0), (x, w))
+    ref_outs, ref_grads = run_with_grads(lambda a, b: get_op("rmsnorm").reference(a, b, 0.0), (x, w))
+    for got, ref in zip(outs + grads, ref_outs + ref_grads):
+        assert torch.equal(got.isnan(), ref.isnan()) and got.isnan().any()
+        torch.testing.assert_close(got.nan_to_num(), ref.nan_to_num(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__.removesuffix("_case"))
 def test_opcheck(case):
     gen = torch.Generator().manual_seed(3)
     name, inputs, attrs, _, _ = case((5, 12), gen)
@@ -125,7 +179,7 @@ def test_opcheck(case):
 @pytest.mark.parametrize("name, args, why", [
     ("softmax", lambda: (torch.randn(4, 6, dtype=torch.float64), 1), "dtype float64"),
     ("softmax", lambda: (torch.randn(4, 6), 0), "dim=0"),
-    ("softmax", lambda: (torch.randn(6, 4).t(), -1), "non-contiguous"),
+    ("softmax", lambda: (torch.randn(6, 4).t(), -1), "rows are not contiguous"),
     ("swiglu", lambda: (torch.randn(4, 6), torch.randn(1, 6)), "no broadcasting"),
     ("rope", lambda: (torch.randn(1, 2, 3, 5), torch.randn(1, 2, 3, 5), torch.randn(1, 3, 5), torch.randn(1, 3, 5)),
      "odd head dim"),

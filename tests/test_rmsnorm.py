@@ -83,8 +83,8 @@ def test_gradient_flows_through_a_strided_rows_view(switches, gen):
 @pytest.mark.parametrize(
     "make, why",
     [
-        (lambda g: _inputs((4, 32), g, torch.float64), "dtype float64"),
-        (lambda g: (_inputs((4, 32), g)[0], _inputs((4, 32), g, torch.bfloat16)[1]), "mixed float dtypes"),
+        (lambda g: _inputs((4, 32), g, torch.float64), "dtypes float64"),
+        (lambda g: (_inputs((4, 32), g)[0], _inputs((4, 32), g, torch.bfloat16)[1]), "dtypes float32, bfloat16"),
         (lambda g: (torch.randn(32, 4, generator=g).t(), torch.randn(32, generator=g)), "not contiguous"),
         (lambda g: (_inputs((4, 6, 32), g)[0].transpose(0, 1), _inputs((4, 32), g)[1]), "do not collapse"),
         (lambda g: (_inputs((4, 32), g)[0], torch.ones(1)), "no broadcasting"),

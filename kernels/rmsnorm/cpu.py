@@ -25,7 +25,6 @@ from .._cpu import (
     kernel,
     launch,
     max_threads,
-    require,
     rounded,
     rows_view,
     thread_choices,
@@ -119,10 +118,12 @@ def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: 
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
-    why = require(specs, {0: FLOATS, 1: FLOATS}, contiguous=False) or shape_problem(specs, attrs)
+    x, w = specs
+    if x.dtype not in FLOATS or w.dtype != x.dtype:
+        return f"dtypes {x.dtype}, {w.dtype} (supports float32 or bfloat16, the same for both)"
+    why = shape_problem(specs, attrs)
     if why:
         return why
-    x, w = specs
     if x.layout[-1] != 1 or (w.strides is not None and w.strides != (1,)):
         return "a last dim that is not contiguous"
     if not rows_view(x.shape, x.strides):

@@ -21,6 +21,7 @@ from .._cpu import (
     array,
     cast_to,
     f32,
+    fma32,
     inline,
     kernel,
     launch,
@@ -37,7 +38,8 @@ POSITIONS = (1, 8, 64)
 @inline
 def _row(x, bshd, b, h, p):
     """Head h's row at position p of batch b, from x stored [b, h, s, d] or (``bshd``) [b, s, h, d]."""
-    return x[b, p, h] if bshd else x[b, h, p]
+    i, k = (p, h) if bshd else (h, p)  # two integers chosen, one view made
+    return x[b, i, k]
 
 
 @inline
@@ -46,10 +48,10 @@ def _rotate(x, xt, c, s, b, cb, heads, p, half, out):
     cr, sr = c[cb, p], s[cb, p]
     for h in range(heads):
         xr, orow = _row(x, xt, b, h, p), out[b, h, p]
-        for j in range(half):
+        for j in range(half):  # fused where a factor is a cos (in [-1, 1]: its product cannot overflow alone)
             a, z = f32(xr[j]), f32(xr[j + half])
-            orow[j] = cast_to(orow, a * f32(cr[j]) - z * f32(sr[j]))
-            orow[j + half] = cast_to(orow, z * f32(cr[j + half]) + a * f32(sr[j + half]))
+            orow[j] = cast_to(orow, fma32(a, f32(cr[j]), -(z * f32(sr[j]))))
+            orow[j + half] = cast_to(orow, fma32(z, f32(cr[j + half]), a * f32(sr[j + half])))
 
 
 @inline
@@ -84,8 +86,8 @@ def _rotate_back(x, xt, g, c, s, b, cb, heads, p, half, dx, dc, ds):
         for j in range(half):
             a, z = f32(xr[j]), f32(xr[j + half])
             ga, gz = f32(gr[j]), f32(gr[j + half])
-            dr[j] = cast_to(dr, ga * f32(cr[j]) + gz * f32(sr[j + half]))
-            dr[j + half] = cast_to(dr, gz * f32(cr[j + half]) - ga * f32(sr[j]))
+            dr[j] = cast_to(dr, fma32(ga, f32(cr[j]), gz * f32(sr[j + half])))
+            dr[j + half] = cast_to(dr, fma32(gz, f32(cr[j + half]), -(ga * f32(sr[j]))))
             dcr[j] += ga * a
             dcr[j + half] += gz * z
             dsr[j] -= ga * z

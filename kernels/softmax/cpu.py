@@ -58,9 +58,12 @@ def _forward_body(x, online, y):
                     y[r, j] = cast_to(y, e)
                 s += e
             inv = np.float32(1.0) / s
-            for j in range(d):
-                e = f32(y[r, j]) if keep else exp32(f32(x[r, j]) - m)
-                y[r, j] = cast_to(y, e * inv)
+            if keep:
+                for j in range(d):
+                    y[r, j] = cast_to(y, f32(y[r, j]) * inv)
+            else:
+                for j in range(d):
+                    y[r, j] = cast_to(y, exp32(f32(x[r, j]) - m) * inv)
 
 
 def _backward_body(dy, y, dx):
@@ -69,18 +72,21 @@ def _backward_body(dy, y, dx):
     zero = np.float32(0.0)
     shift = holds_f32(y)  # a bfloat16 y does not sum to 1 closely enough for the shift to be exact
     for r in prange(n):
+        # (elements are loaded before any conditional expression: a load inside one keeps the loop scalar)
         at_peak = zero  # dy at the peak, the one entry above one half if there is one
         if shift:
             for j in range(d):
-                at_peak += zero if f32(y[r, j]) <= half else f32(dy[r, j])
+                yj, g = f32(y[r, j]), f32(dy[r, j])
+                at_peak += zero if yj <= half else g
         peak = shift and finite32(at_peak)  # an inf or nan dy: no digits to keep; PyTorch's own nan and inf
         c = at_peak if peak else zero
         acc = zero  # sum(y * (dy - c)): the peak's own term is exactly 0
         for j in range(d):
             acc += f32(y[r, j]) * (f32(dy[r, j]) - c)
         for j in range(d):  # the peak apart: fastmath may regroup (dy - c) - acc as dy - (c + acc)
-            yj = f32(y[r, j])
-            dx[r, j] = cast_to(dx, yj * -acc if peak and yj > half else yj * ((f32(dy[r, j]) - c) - acc))
+            yj, g = f32(y[r, j]), f32(dy[r, j])
+            v = yj * -acc if peak and yj > half else yj * ((g - c) - acc)
+            dx[r, j] = cast_to(dx, v)
 
 
 _forward = kernel(_forward_body)
