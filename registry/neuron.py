@@ -18,6 +18,7 @@ import importlib
 import importlib.metadata
 import os
 import re
+import typing
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -130,7 +131,8 @@ def _probe() -> str | None:
     return None
 
 
-_TYPES = {"Tensor": "torch.Tensor", "float": "float", "int": "int", "bool": "bool"}
+_TYPES = {"Tensor": "torch.Tensor", "float": "float", "int": "int", "bool": "bool", "str": "str",
+          "int?": "typing.Optional[int]"}
 
 
 def typed(fn: Callable[..., Any], schema: str) -> Callable[..., Any]:
@@ -143,7 +145,7 @@ def typed(fn: Callable[..., Any], schema: str) -> Callable[..., Any]:
     names = ", ".join(n for _, n in params)
     sig = ", ".join(f"{n}: {_TYPES[t]}" for t, n in params)
     src = f"def op({sig}) -> {ret_t}:\n    return _fn({names})\n"
-    scope: dict[str, Any] = {"torch": torch, "_fn": fn}
+    scope: dict[str, Any] = {"torch": torch, "typing": typing, "_fn": fn}
     # A real signature, built from the schema the op is registered with; evaluated annotations (no future import).
     exec(compile(src, "<nki_op signature>", "exec", dont_inherit=True), scope)
     op = scope["op"]

@@ -195,7 +195,7 @@ def _parse_entry(raw: Any, where: str, ops: Mapping[str, Op] | None) -> Entry:
     if op is None:
         key = Key(name, mode, specs, attrs_key(f.get("attrs", dict, default={})))
     else:
-        key = Key.of(op, specs, f.attrs("attrs", dict(op.attrs)), mode)
+        key = Key.of(op, specs, f.attrs("attrs", dict(op.attrs), dict(op.defaults)), mode)  # older tables: defaults
     choice = f.get("choice", (str, dict), what="'compiler' or {impl: NAME, config: {...}}")
     impl, config = None, {}
     if isinstance(choice, str):
