@@ -25,6 +25,8 @@ DRIFT = 1.25
 """A calibration reading this many times the quietest one means the machine is disturbed."""
 OTHERS = 0.35
 """Cores' worth of CPU taken by other processes while measuring that means the machine is shared."""
+MIN_WINDOW_S = 0.5
+"""Shortest window whose CPU time is read: ``/proc`` counts in ticks of 10 ms."""
 
 
 def _cpu_seconds() -> tuple[float, float] | None:
@@ -55,7 +57,7 @@ class LoadMeter:
     def stop(self) -> float | None:
         t0, c0 = self._start or (self.now(), None)
         c1, wall = self.read(), self.now() - t0
-        if c0 is None or c1 is None or wall <= 0:
+        if c0 is None or c1 is None or wall < MIN_WINDOW_S:  # the counters tick every 10 ms: too coarse below
             return None
         return max(0.0, ((c1[0] - c0[0]) - (c1[1] - c0[1])) / wall)
 

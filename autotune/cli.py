@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import json
 import os
 import subprocess
@@ -23,20 +22,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table as RichTable
 
 from ..registry import FormatError, SettingsError, load_profile, load_table, switch_variables
-from ..registry.env import KERNEL_OP, KERNELS, LOG, RECORD, RECORD_SAMPLES, STRICT, TABLE
+from ..registry.backend import dist_version
+from ..registry.env import KERNEL_OP, KERNELS, LOG, RECORD, RECORD_SAMPLES, STRICT, TABLE, read_settings
 from ..registry.profile import merge
 from . import report
 
 
 class UsageError(Exception):
     """Bad usage or bad input: exit code 2."""
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("nki-autotune")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def _heavy(imports: list[str] | None = None):
@@ -71,7 +64,7 @@ class _Bar:
         self.p.update(self.trial, completed=0, total=self.trials,
                       description=f"{key.op} {' '.join('x'.join(map(str, s.shape)) for s in key.inputs)} {key.mode}")
 
-    def trial_done(self, key, impl, result, best):
+    def trial_done(self, key, impl, result):
         if not result.failed:
             self.best = max(self.best or 0.0, result.speedup)
         self.p.advance(self.trial)
@@ -85,10 +78,15 @@ class _Bar:
         self.console.print(f"[yellow]note[/]: {message}")
 
 
+def _not_recording(what: str) -> None:
+    recording = read_settings(os.environ).record
+    if recording:
+        raise UsageError(f"{RECORD} is set ({recording}): it records this process and runs compiled regions "
+                         f"eagerly, so nothing would be measured compiled; unset it to {what}")
+
+
 def cmd_run(args, console: Console) -> int:
-    if os.environ.get(RECORD):
-        raise UsageError(f"{RECORD} is set ({os.environ[RECORD]}): it records this process and runs compiled "
-                         f"regions eagerly, so nothing would be measured compiled; unset it to tune")
+    _not_recording("tune")
     registry = _heavy(args.imports)
     from .search import Search, default_storage, open_storage
     from .tuner import Options, Tuner
@@ -114,14 +112,10 @@ def cmd_run(args, console: Console) -> int:
     if args.trial_timeout <= 0:
         raise UsageError(f"--trial-timeout must be positive, got {args.trial_timeout}")
     options = Options(trials=args.trials, threshold=args.threshold, seed=args.seed, budget_s=args.budget,
-                      mode=None if args.mode == "profile" else args.mode, ops=wanted,
+                      mode=args.mode, ops=wanted,
                       search_rounds=args.rounds, final_rounds=args.final_rounds, retries=args.retries,
                       pause_s=args.pause)
     storage_url = args.storage or default_storage()
-    # a live worker finishes a trial within its limits: a trial RUNNING longer belongs to a dead one
-    lease = 5 * args.trial_timeout + 8 * (args.trial_timeout + args.pause)
-    search = Search(open_storage(storage_url), backend.fingerprint(), trials=args.trials, seed=args.seed,
-                    lease_s=lease)
     console.print(f"tuning {args.profile} on backend [bold]{backend.name}[/] ({backend.fingerprint()['device']}); "
                   f"studies in {storage_url}")
     memory = int(args.trial_memory * 2**30) if args.trial_memory else default_memory_limit()
@@ -130,6 +124,8 @@ def cmd_run(args, console: Console) -> int:
                   console=console, transient=False, disable=args.quiet) as progress:
         bar = _Bar(progress, args.trials, console)
         bench = IsolatedBench(backend.name, options.measure(), args.imports, args.trial_timeout, memory, bar.note)
+        search = Search(open_storage(storage_url), backend.fingerprint(), trials=args.trials, seed=args.seed,
+                        lease_s=bench.longest_s)
         try:
             tuner = Tuner(backend, search, bench, options, listener=bar)
             table = tuner.tune(profile, args.output)
@@ -289,14 +285,12 @@ def cmd_check(args, console: Console) -> int:
 
 
 def cmd_verify(args, console: Console) -> int:
-    if os.environ.get(RECORD):
-        raise UsageError(f"{RECORD} is set: compiled regions would run eagerly; unset it to verify")
+    _not_recording("verify")
     _heavy(args.imports)
     from .verify import StepError, Verifier, load_step
 
     if args.prune and not args.output:
         raise UsageError("--prune needs -o OUT, the table to write")
-    from ..registry.env import read_settings
     from ..registry.switches import load_checked
 
     table = load_checked(args.table, read_settings({STRICT: "1"}))  # a foreign or stale table cannot be verified
@@ -368,15 +362,16 @@ def parser() -> argparse.ArgumentParser:
         description="Benchmark kernels against the compiler at every call site of a model "
                     "and write the dispatch table that enables each kernel only where it wins.",
     )
-    p.add_argument("--version", action="version", version=f"nki-autotune {_version()}")
+    p.add_argument("--version", action="version", version=f"nki-autotune {dist_version('nki-autotune')}")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
     r = sub.add_parser("run", help="tune a profile and write a dispatch table")
     r.add_argument("profile")
     r.add_argument("-o", "--output", required=True, help="dispatch table to write (YAML)")
     r.add_argument("--backend", choices=("auto", "cpu", "neuron"), default="auto")
-    r.add_argument("--mode", choices=("profile", "training", "inference", "both"), default="profile",
-                   help="profile: as recorded (training where the call needed a gradient)")
+    r.add_argument("--mode", choices=("training", "inference", "both"), default=None,
+                   help="tune every key in this mode (default: as recorded, training where the call needed a "
+                        "gradient)")
     r.add_argument("--trials", type=int, default=16, help="trials per (key, impl) study")
     r.add_argument("--budget", type=float, default=None, help="seconds; no new trial starts after it")
     r.add_argument("--storage", default=None, help="Optuna storage URL (sqlite, postgresql, mysql, journal:///path)")

@@ -34,7 +34,12 @@ def decide(key: Key, candidates: list[Candidate], threshold: float, sites: list[
 
     correct = [c for c in candidates if c.numerics_ok]
     if not correct:
-        worst = min(candidates, key=lambda c: c.measured.get("rel_err") or float("inf"))
+        checked = [c for c in candidates if c.measured.get("rel_err") is not None]
+        if not checked:  # no config got as far as its numerics: it crashed, hung or raised
+            c = candidates[0]
+            return entry(c, None, {**c.measured, "impl": c.impl},
+                         f"no config of {', '.join(x.impl for x in candidates)} ran: {c.measured.get('error')}")
+        worst = min(checked, key=lambda c: c.measured["rel_err"])
         return entry(worst, None, {**worst.measured, "impl": worst.impl},
                      f"no config of {', '.join(c.impl for c in candidates)} passed numerics "
                      f"(best error {_err(worst.measured.get('rel_err'))} above "
@@ -42,9 +47,11 @@ def decide(key: Key, candidates: list[Candidate], threshold: float, sites: list[
     timed = [c for c in correct if "speedup" in c.measured]
     if not timed:
         c = correct[0]
-        why = c.measured.get("not_measurable") or c.measured.get("error") or "no time was measured"
-        return entry(c, None, {**c.measured, "impl": c.impl, "config": dict(c.config)},
-                     f"not measurable at this size: {why}")
+        m = {**c.measured, "impl": c.impl, "config": dict(c.config)}
+        if c.measured.get("not_measurable") or c.measured.get("error", "").startswith("not measurable"):
+            why = c.measured.get("not_measurable") or c.measured["error"].removeprefix("not measurable: ")
+            return entry(c, None, m, f"not measurable at this size: {why}")
+        return entry(c, None, m, f"{c.impl} could not be timed: {c.measured.get('error') or 'no time was measured'}")
     best = max(timed, key=lambda c: c.measured["speedup"])
     m = best.measured
     lo, hi = m["ci95"]

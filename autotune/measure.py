@@ -25,18 +25,22 @@ from .numerics import check_impl
 from .search import TrialResult
 from .timing import Clock, Runner, Workload, choose_calls, comparison, interleave
 
-LOCK_PATH = os.path.join(tempfile.gettempdir(), "nki-autotune-measure.lock")
+LOCK_PATH = os.path.join("/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir(), "nki-autotune-measure.lock")
+"""One path for every process and user of the machine (not the per-user temporary directory)."""
 
 
 @contextmanager
 def machine_lock(path: str = LOCK_PATH) -> Iterator[None]:
     """Held while timing: one measurement at a time on this machine, whichever process or user runs it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
+        fd = os.open(path, os.O_RDWR)  # another user's file in sticky /tmp: no O_CREAT (protected_regular)
+    except FileNotFoundError:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             os.fchmod(fd, 0o666)  # other users' workers must be able to take it too
         except OSError:
             pass
+    try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
@@ -87,11 +91,11 @@ class LocalBench:
         if self._key != key or self._bench is None:
             self._bench = None
             self._samples = torch.load(samples, weights_only=True) if samples else None
-            with self.lock():
-                if not self._calibrated:
+            if not self._calibrated:
+                with self.lock():
                     self.calibration.read()  # the first reading sets the bar
-                    self._calibrated = True
-                self._wait_until_quiet()
+                self._calibrated = True
+            self._wait_until_quiet()
             w = Workload(get_op(key.op), key, self.backend, sets=self.options.sets, seed=self.options.seed,
                          samples=self._samples)
             with self.lock():
@@ -102,7 +106,8 @@ class LocalBench:
     def _wait_until_quiet(self) -> None:
         """Between keys: a disturbed calibration reading waits (a few times) for the machine to settle."""
         for _ in range(self.options.retries):
-            why = self.calibration.disturbed(self.calibration.read())
+            with self.lock():
+                why = self.calibration.disturbed(self.calibration.read())
             if why is None:
                 return
             self.say(f"machine disturbed ({why}); waiting {self.options.pause_s:.0f} s")

@@ -126,9 +126,25 @@ def _measured(t: FrozenTrial) -> bool:
     return t.state == TrialState.COMPLETE or (t.state == TrialState.FAIL and "info" in t.user_attrs)
 
 
+def _disturbed(t: FrozenTrial) -> bool:
+    """A final comparison measured on a disturbed machine: kept, but measured again by the next run."""
+    measured = t.user_attrs.get("info", {}).get("measured", {})
+    return bool((measured.get("calibration") or {}).get("disturbed"))
+
+
 def _holds(t: FrozenTrial) -> bool:
-    """Stands for its config: done, running, or waiting for a worker."""
-    return _measured(t) or t.state in (TrialState.RUNNING, TrialState.WAITING)
+    """Stands for its config: done (on a quiet machine, for a final), running, or waiting for a worker."""
+    return (_measured(t) and not _disturbed(t)) or t.state in (TrialState.RUNNING, TrialState.WAITING)
+
+
+def handlers(evaluate: Callable[[dict[str, int]], TrialResult],
+             measure: Callable[[dict[str, int]], dict[str, Any]]) -> dict[str, Callable[[dict[str, int]], TrialResult]]:
+    """How each kind of claimed work is done: a config trial, and a final comparison (stored as measured)."""
+    def final(cfg: dict[str, int]) -> TrialResult:
+        m = measure(cfg)
+        return TrialResult(cfg, m.get("speedup"), {"measured": m, **({"error": m["error"]} if "error" in m else {})})
+
+    return {TRIAL: evaluate, FINAL: final}
 
 
 class Search:
@@ -153,11 +169,15 @@ class Search:
 
     # -- reading the storage ---------------------------------------------------------------------------------
     def _trials(self, study: optuna.Study) -> list[FrozenTrial]:
-        trials = study.get_trials(deepcopy=False)
-        if not isinstance(self.storage, optuna.storages.RDBStorage):
-            self._expire(study, trials)
-            trials = study.get_trials(deepcopy=False)
-        return trials
+        """The study's trials, after handing back those of dead workers (by heartbeat, or past the lease)."""
+        if isinstance(self.storage, optuna.storages.RDBStorage):
+            if self.storage.get_heartbeat_interval() is not None:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    optuna.storages.fail_stale_trials(study)
+            return study.get_trials(deepcopy=False)
+        self._expire(study, study.get_trials(deepcopy=False))
+        return study.get_trials(deepcopy=False)
 
     def _expire(self, study: optuna.Study, trials: list[FrozenTrial]) -> None:
         """No heartbeat here: fail trials RUNNING past the lease and put their work back, as the heartbeat would."""
@@ -226,10 +246,11 @@ class Search:
         fixed = set(impl.backward_params) if key.mode == "inference" else set()
         study.enqueue_trial({p: v for p, v in cfg.items() if p not in fixed}, user_attrs={"kind": kind, "config": cfg})
 
-    def run(self, key: Key, impl: Impl, evaluate: Callable[[dict[str, int]], TrialResult],
+    def run(self, key: Key, impl: Impl, work: dict[str, Callable[[dict[str, int]], TrialResult]],
             stop: Callable[[], bool] = lambda: False,
             on_trial: Callable[[TrialResult], None] = lambda r: None) -> tuple[list[TrialResult], bool]:
-        """Claim and run the trials this study still needs while any are unclaimed.
+        """Claim and run the trials this study still needs while any are unclaimed (``work``: ``handlers``; a
+        waiting final comparison another worker enqueued may be claimed on the way).
 
         Returns every finished trial (this worker's and others') and whether the search is complete: false
         while other workers still run some of its trials (come back later) or when ``stop`` ended it."""
@@ -253,37 +274,40 @@ class Search:
             elif len(done) + sum(t.state == TrialState.RUNNING for t in mine) >= self.trials and not waiting:
                 return done, not running
             attempts += 1
-            self._claim(study, key, impl, {TRIAL: evaluate}, on_trial)
+            self._claim(study, key, impl, work, on_trial)
         trials = self._trials(study)
         return self.finished(trials), not stop() and not any(
             t.state == TrialState.RUNNING and _kind(t) == TRIAL for t in trials)
 
-    def final(self, key: Key, impl: Impl, config: dict[str, int], measure: Callable[[dict[str, int]], dict],
-              evaluate: Callable[[dict[str, int]], TrialResult],
+    def final(self, key: Key, impl: Impl, config: dict[str, int],
+              work: dict[str, Callable[[dict[str, int]], TrialResult]],
               stop: Callable[[], bool] = lambda: False) -> dict[str, Any] | None:
         """The stored final comparison of ``config``, measured here if no worker has; None while another
-        worker is measuring it (or when ``stop`` ended the wait). A config trial waiting in the study (a dead
-        worker's, put back) is run on the way (``evaluate``)."""
+        worker is measuring it (or when ``stop`` ended the wait). One measured on a disturbed machine is
+        measured again, once per run: its result stands only if this run measured it too."""
         study = self.study(key, impl)
         cid = _config_id(config)
+        here: list[bool] = []
+        measure = work[FINAL]
 
-        def run_final(cfg: dict[str, int]) -> TrialResult:
-            m = measure(cfg)
-            return TrialResult(cfg, m.get("speedup"), {"measured": m, **({"error": m["error"]} if "error" in m
-                                                                         else {})})
+        def measured_here(cfg: dict[str, int]) -> TrialResult:
+            here.append(True)
+            return measure(cfg)
 
         for _ in range(20):
             if stop():
                 return None
             trials = self._trials(study)
-            mine = [t for t in trials if _kind(t) == FINAL and _config_id(t.user_attrs.get("config") or {}) == cid]
-            done = [t for t in sorted(mine, key=lambda t: t.number) if _measured(t)]
-            if done:
-                return dict(done[0].user_attrs["info"]["measured"])
+            mine = sorted((t for t in trials if _kind(t) == FINAL and _config_id(t.user_attrs.get("config") or {})
+                           == cid), key=lambda t: t.number)
+            done = [t for t in mine if _measured(t)]
+            quiet = [t for t in done if not _disturbed(t)]
+            if quiet or (done and here):
+                return dict((quiet or done)[-1 if not quiet else 0].user_attrs["info"]["measured"])
             waiting = any(t.state == TrialState.WAITING for t in trials)
             if any(t.state == TrialState.RUNNING for t in mine) and not waiting:
                 return None
             if not any(t.state == TrialState.WAITING for t in mine):
                 self._enqueue(study, impl, key, config, FINAL)
-            self._claim(study, key, impl, {FINAL: run_final, TRIAL: evaluate}, lambda r: None)
+            self._claim(study, key, impl, {**work, FINAL: measured_here}, lambda r: None)
         return None

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from ..registry import Backend, Entry, Impl, Key, Profile, Site, Table, get_op, ops
 from .decision import Candidate, decide
 from .measure import MeasureOptions
-from .search import Search, TrialResult
+from .search import Search, TrialResult, handlers
 
 
 @dataclass
@@ -56,7 +56,7 @@ class Listener:
 
     def keys(self, n: int) -> None: ...
     def key_started(self, key: Key, sites: list[Site]) -> None: ...
-    def trial_done(self, key: Key, impl: Impl, result: TrialResult, best: float | None) -> None: ...
+    def trial_done(self, key: Key, impl: Impl, result: TrialResult) -> None: ...
     def key_done(self, key: Key, entry: Entry) -> None: ...
     def note(self, message: str) -> None: ...
 
@@ -122,24 +122,20 @@ class Tuner:
 
         candidates, waiting = [], False
         for impl in usable:
-            def evaluate(cfg: dict[str, int], impl: Impl = impl) -> TrialResult:
-                self.measured_anything = True
-                return self.bench.trial(key, impl.name, cfg, samples)
-
-            results, complete = self.search.run(
-                key, impl, evaluate, stop=self.over_budget,
-                on_trial=lambda r, impl=impl: self.listener.trial_done(key, impl, r, None))
+            work = self._work(key, impl, samples)
+            results, complete = self.search.run(key, impl, work, stop=self.over_budget,
+                                                on_trial=lambda r, impl=impl: self.listener.trial_done(key, impl, r))
             if not complete and not self.over_budget():
                 waiting = True
                 continue
-            cand = self._candidate(key, impl, results, samples, evaluate)
+            cand = self._candidate(key, impl, results, work)
             if cand is None and results and any(not r.failed for r in results) and not self.over_budget():
                 waiting = True  # its final comparison is being measured elsewhere
             elif cand is not None:
                 candidates.append(cand)
         if waiting:
             return None
-        reason = "budget exhausted before any trial ran" if self.over_budget() else ""
+        reason = "budget exhausted before any trial ran" if self.over_budget() and not candidates else ""
         entry = decide(key, candidates, self.options.threshold, labels, {i.name: i for i in usable}, reason)
         if entry.measured:
             entry.measured["calls_per_step"] = sum(s.calls for s in sites)
@@ -152,8 +148,19 @@ class Tuner:
                 return str(path.resolve())
         return None
 
-    def _candidate(self, key: Key, impl: Impl, results: list[TrialResult], samples: str | None,
-                   evaluate) -> Candidate | None:
+    def _work(self, key: Key, impl: Impl, samples: str | None) -> dict:
+        """What this tuner does with a claimed trial of ``impl`` at ``key``: the bench measures it."""
+        def evaluate(cfg: dict[str, int]) -> TrialResult:
+            self.measured_anything = True
+            return self.bench.trial(key, impl.name, cfg, samples)
+
+        def measure(cfg: dict[str, int]) -> dict[str, Any]:
+            self.measured_anything = True
+            return self.bench.final(key, impl.name, cfg, samples)
+
+        return handlers(evaluate, measure)
+
+    def _candidate(self, key: Key, impl: Impl, results: list[TrialResult], work: dict) -> Candidate | None:
         if not results:
             return None
         ok = [r for r in results if not r.failed]
@@ -169,12 +176,7 @@ class Tuner:
         # the best config; ties go to the config listed first, so every worker picks the same one
         order = {str(sorted(c.items())): i for i, c in enumerate(impl.configs(key))}
         best = max(ok, key=lambda r: (r.speedup, -order.get(str(sorted(r.config.items())), 0)))
-
-        def measure(cfg: dict[str, int]) -> dict[str, Any]:
-            self.measured_anything = True
-            return self.bench.final(key, impl.name, cfg, samples)
-
-        final = self.search.final(key, impl, best.config, measure, evaluate, stop=self.over_budget)
+        final = self.search.final(key, impl, best.config, work, stop=self.over_budget)
         if final is None:
             return None
         if "error" in final and "speedup" not in final:

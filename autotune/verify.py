@@ -138,7 +138,8 @@ class Verifier:
         return str(path)
 
     def variants(self) -> list[Variant]:
-        out = [Variant("table", {TABLE: self.path}), Variant("off", {KERNELS: "off"}), Variant("on", {KERNELS: "on"})]
+        out = [Variant("table", {TABLE: self.path}), Variant("off", {KERNELS: "off"}),
+               Variant("on", {TABLE: self.path, KERNELS: "on"})]  # on: the table's impls and configs where it names one
         if self.ablate:
             out += [Variant(f"without entries[{i}]", {TABLE: self._without(i)}, entry=i) for i in self.enabled()]
         return out

@@ -13,10 +13,11 @@ import multiprocessing
 import signal
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from typing import Any
 
 from ..registry import Key
-from .measure import LocalBench, MeasureOptions
+from .measure import LocalBench, MeasureOptions, machine_lock
 from .search import TrialResult
 
 
@@ -43,7 +44,15 @@ def _serve(conn, backend: str, options: MeasureOptions, imports: list[str]) -> N
 
     for name in imports:
         importlib.import_module(name)
-    bench = LocalBench(get_backend(backend), options, say=lambda message: conn.send(("note", message)))
+
+    @contextmanager
+    def lock():  # the tuner stops the trial's clock while this worker waits for another to finish timing
+        conn.send(("lock", "waiting"))
+        with machine_lock():
+            conn.send(("lock", "held"))
+            yield
+
+    bench = LocalBench(get_backend(backend), options, lock=lock, say=lambda message: conn.send(("note", message)))
     while True:
         try:
             kind, args = conn.recv()
@@ -113,7 +122,7 @@ class Worker:
             self._kill()
             self._start()
         self._conn.send((kind, args))
-        deadline = time.monotonic() + timeout
+        deadline, waiting = time.monotonic() + timeout, None
         while True:
             try:
                 ready = self._conn.poll(0.2)
@@ -126,6 +135,12 @@ class Worker:
                     status, value = "died", None
                 if status == "note":
                     self.say(value)
+                    continue
+                if status == "lock":  # time spent waiting for the machine lock is not the trial's
+                    if value == "waiting":
+                        waiting = time.monotonic()
+                    elif waiting is not None:
+                        deadline, waiting = deadline + time.monotonic() - waiting, None
                     continue
                 if status == "ok":
                     return value
@@ -140,7 +155,7 @@ class Worker:
                 self._kill()
                 raise WorkerFailure(f"exhausted memory: the worker used {rss / 2**30:.1f} GiB, above the limit of "
                                     f"{self.memory_limit / 2**30:.1f} GiB (--trial-memory)")
-            if time.monotonic() > deadline:
+            if waiting is None and time.monotonic() > deadline:
                 self._kill()
                 raise WorkerFailure(f"timed out after {timeout:.0f} s (--trial-timeout); the worker was killed")
 
@@ -173,6 +188,8 @@ class IsolatedBench:
         self.worker = Worker(backend, options, imports, memory_limit, say)
         self.trial_timeout = trial_timeout
         self.prepare_timeout = max(600.0, 4 * trial_timeout)  # compiling the compiler's regions takes longest
+        o = options  # the final comparison is measured again after a pause on a disturbed machine
+        self.final_timeout = (o.retries + 1) * (trial_timeout + o.pause_s)
         self._key: Key | None = None
         self._starts = -1
 
@@ -195,11 +212,15 @@ class IsolatedBench:
     def final(self, key: Key, impl: str, config: dict[str, int], samples: str | None = None) -> dict[str, Any]:
         try:
             self._ready(key, samples)
-            o = self.worker.options  # retries after a disturbed measurement, each after a pause
-            return self.worker.call("final", (key, impl, config, samples),
-                                    (o.retries + 1) * (self.trial_timeout + o.pause_s))
+            return self.worker.call("final", (key, impl, config, samples), self.final_timeout)
         except WorkerFailure as e:
             return {"error": str(e)}
+
+    @property
+    def longest_s(self) -> float:
+        """The longest a live worker may hold one claimed trial (preparing its key, then a final comparison):
+        a trial running longer belongs to a dead worker. Time spent waiting for the machine lock comes on top."""
+        return self.prepare_timeout + self.final_timeout + 60.0
 
     def close(self) -> None:
         self.worker.close()

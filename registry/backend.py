@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Callable
 from typing import Any, Protocol
+
+
+def dist_version(dist: str) -> str:
+    """The installed version of a distribution, or "absent" (fingerprints and reports list them)."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
 
 
 class Backend(Protocol):

@@ -55,6 +55,7 @@ def decide(op_name: str, raw: tuple, attrs: tuple, grad: bool, generation: int) 
     if exp is None:
         op = get_op(op_name)
         view = switches.view(generation) if generation else switches.current()
+        switches.warn_unknown(view)
         exp = resolve(op, key_of_call(op, raw, op.attr_dict(attrs), grad), devices_of(raw), view)
         _cache[k] = exp
         _log(exp)

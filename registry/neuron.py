@@ -15,7 +15,6 @@ cores, instance type) is read through TorchNeuron's own functions where they exi
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import os
 import re
 import typing
@@ -25,19 +24,12 @@ from typing import Any
 
 import torch
 
-from .backend import register_backend
+from .backend import dist_version, register_backend
 
 NKI_TARGETED = (0, 7)
 """The NKI release the kernels are written for: 0.7 (Neuron 2.33), which TorchNeuron's quickstart requires."""
 _LNC_VAR = "NEURON_LOGICAL_NC_CONFIG"
 _DMI_PRODUCT = "/sys/devices/virtual/dmi/id/product_name"
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "absent"
 
 
 def _module(name: str) -> Any | None:
@@ -66,7 +58,7 @@ def nki_problem() -> str | None:
     real = _module("nki")
     if real is None:
         return "nki cannot be imported"
-    version = _version("nki")
+    version = dist_version("nki")
     if version == "absent":
         version = str(getattr(real, "__version__", "unknown"))
     parsed = _parse(version)
@@ -188,9 +180,9 @@ class NeuronBackend:
             "logical_cores": logical_cores(),
             "instance_type": instance_type(),
             "torch": str(torch.__version__),
-            "compiler": "neuronx-cc " + _version("neuronx-cc"),
-            "torch_neuronx": _version("torch-neuronx"),
-            "nki": _version("nki"),
+            "compiler": "neuronx-cc " + dist_version("neuronx-cc"),
+            "torch_neuronx": dist_version("torch-neuronx"),
+            "nki": dist_version("nki"),
             "neuron_cc_flags": os.environ.get("NEURON_CC_FLAGS", ""),
         }
 

@@ -164,6 +164,11 @@ def ops() -> dict[str, Op]:
     return dict(_OPS)
 
 
+def registered() -> int:
+    """How many ops are registered: the switches in force are rebuilt when a module registers more."""
+    return len(_OPS)
+
+
 def get_op(name: str) -> Op:
     try:
         return _OPS[name]

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .backend import backends
+from .env import SettingsError
 from .op import Impl, Op
 from .specs import Key
 from .switches import View
@@ -106,6 +107,7 @@ def resolve(op: Op, key: Key, devices: set[str], view: View) -> Explanation:
         cfg = _config_for(impl, key, config)
         if cfg is None:
             return compiler(f"{impl.qualname} has no config its constraint admits at this shape", **decided)
+        cfg = {p: cfg[p] for p in impl.space}  # the order the custom op takes them in
         return Explanation(op.name, key, KERNEL, impl.name, cfg, reason, **decided)
 
     if value == "off":
@@ -134,7 +136,10 @@ def resolve(op: Op, key: Key, devices: set[str], view: View) -> Explanation:
             declined.append(exp.reason)
         return compiler(f"{var}=on but no impl serves this call: " + "; ".join(declined) if declined
                         else f"{var}=on but {op.name} has no impl")
-    impl = op.impls[value]
+    impl = op.impls.get(value)
+    if impl is None:  # a per-op switch set before the op's module registered its impls
+        allowed = ", ".join(("auto", "off", "on", *op.impls))
+        raise SettingsError(f"{var}={value!r} is not allowed; use one of: {allowed}")
     if entry is not None and entry.impl == value:
         return kernel(impl, entry.config, f"{var}={value}, config from {named}", **where)
     return kernel(impl, None, f"{var}={value}, default config")

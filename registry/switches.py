@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from . import env as _s
 from .backend import backends
-from .op import Impl, ops
+from .op import Impl, ops, registered
 from .table import Entry, Table, TableError, fingerprint_mismatch, load_table, stale_reason
 
 
@@ -30,6 +30,8 @@ class View:
     settings: _s.Settings
     tables: tuple[Table, ...]
     generation: int
+    ops: int = 0
+    """How many ops were registered when the tables were loaded (entries of later ones wait for a new view)."""
 
 
 class _Guard:
@@ -57,7 +59,7 @@ def current() -> View:
     if view is not None:
         return view
     global _process
-    if _process is None:
+    if _process is None or _process.ops != registered():
         _process = _view(_process_settings)
         guard.generation = _process.generation
     return _process
@@ -70,25 +72,43 @@ def view(generation: int) -> View:
 def _view(s: _s.Settings) -> View:
     """A new view of ``s``: its tables loaded now, under a new generation."""
     tables = tuple(t for t in (load_checked(p, s) for p in s.tables) if t is not None)
-    v = View(s, tables, max(_by_generation, default=0) + 1)
+    v = View(s, tables, max(_by_generation, default=0) + 1, registered())
     _by_generation[v.generation] = v
     _by_ident[s.ident()] = v
     return v
 
 
-def check_switches(s: _s.Settings | None = None) -> None:
-    """Per-op switches must name registered ops and impls."""
+def check_switches(s: _s.Settings | None = None, registered_only: bool = False) -> None:
+    """Per-op switches must name registered ops and impls. ``registered_only`` checks only the ops registered
+    so far (the pack's import: a user's module may register the others after it)."""
     s = s or settings()
-    registered = ops()
+    known = ops()
     for name, value in s.per_op.items():
         var = _s.KERNEL_OP + name.upper()
-        if name not in registered:
-            known = ", ".join(_s.KERNEL_OP + n.upper() for n in sorted(registered))
-            raise _s.SettingsError(f"{var} names no registered op; known: {known}")
-        impls = registered[name].impls
+        if name not in known:
+            if registered_only:
+                continue
+            names = ", ".join(_s.KERNEL_OP + n.upper() for n in sorted(known))
+            raise _s.SettingsError(f"{var} names no registered op; known: {names}")
+        impls = known[name].impls
         if value not in _s.MODES and value not in impls:
             allowed = ", ".join((*_s.MODES, *impls))
             raise _s.SettingsError(f"{var}={value!r} is not allowed; use one of: {allowed}")
+
+
+_warned: set[int] = set()
+
+
+def warn_unknown(view: View) -> None:
+    """Once per view: per-op switches that name no registered op (a typo, or a module never imported)."""
+    if view.generation in _warned:
+        return
+    _warned.add(view.generation)
+    unknown = sorted(n for n in view.settings.per_op if n not in ops())
+    if unknown:
+        names = ", ".join(_s.KERNEL_OP + n.upper() for n in unknown)
+        warnings.warn(f"nki-autotune: {names} name{'s' if len(unknown) == 1 else ''} no registered op; known: "
+                      f"{', '.join(sorted(ops()))}", stacklevel=4)
 
 
 def entry_impl(entry: Entry) -> Impl | None:
@@ -103,7 +123,7 @@ def load_checked(path: str, s: _s.Settings) -> Table | None:
 
     Entries tuned for other kernel source are marked stale (``table.stale``): dispatch ignores them, with a
     warning here, or an error under strict mode."""
-    table = load_table(path, ops())
+    table = load_table(path, ops(), unknown_ops="skip")
     backend = backends().get(table.fingerprint["backend"])
     current_fp = backend.fingerprint() if backend is not None and backend.available() else None
     why = fingerprint_mismatch(table, current_fp)
@@ -159,10 +179,10 @@ def scope(**env: str) -> Iterator[_s.Settings]:
     new = _s.read_settings(env)
     check_switches(new)
     v = _by_ident.get(new.ident()) or _view(new)
-    token, saved = _scoped.set(v), guard.generation
+    token = _scoped.set(v)
     guard.generation = v.generation
     try:
         yield new
     finally:
         _scoped.reset(token)
-        guard.generation = saved
+        guard.generation = current().generation  # the enclosing switches, as reloaded meanwhile

@@ -25,7 +25,9 @@ from .yamlio import Fields, Flow, FlowDict, FormatError
 if TYPE_CHECKING:
     from .op import Op
 
-VERSION = 1
+VERSION = 2
+READS = (1, 2)
+"""Version 2 added each input's layout and gradient (``{strides, grad}``) and an entry's ``module``."""
 _TOP = ("version", "fingerprint", "created", "entries")
 _ENTRY = ("op", "mode", "inputs", "attrs", "sites", "choice", "source", "module", "measured", "reason")
 _LAYOUT = ("strides", "grad")
@@ -132,14 +134,18 @@ def _fail(e: FormatError) -> TableError:
     return TableError(str(e))
 
 
-def parse_table(data: Any, path: str, ops: Mapping[str, Op] | None = None) -> Table:
-    """Validate ``data`` (parsed YAML) against the format, and against the registered ``ops`` when given."""
+def parse_table(data: Any, path: str, ops: Mapping[str, Op] | None = None, unknown_ops: str = "error") -> Table:
+    """Validate ``data`` (parsed YAML) against the format, and against the registered ``ops`` when given.
+
+    ``unknown_ops="skip"`` leaves out the entries of ops not registered (yet): dispatch loads tables when the
+    pack is imported, before a user's module registers its own ops."""
     try:
         top = Fields(data, path)
         top.unknown(_TOP)
         version = top.get("version", int)
-        if version != VERSION:
-            raise top.fail("version", f"unsupported version {version}; this nki-autotune reads version {VERSION}")
+        if version not in READS:
+            raise top.fail("version", f"unsupported version {version}; this nki-autotune reads versions "
+                                      f"{', '.join(map(str, READS))}")
         fingerprint = top.get("fingerprint", dict)
         if not isinstance(fingerprint.get("backend"), str):
             raise top.fail("fingerprint.backend", "missing; it names the backend the table was tuned on")
@@ -147,6 +153,8 @@ def parse_table(data: Any, path: str, ops: Mapping[str, Op] | None = None) -> Ta
         raw_entries = top.get("entries", list)
         entries, seen = [], {}
         for i, raw in enumerate(raw_entries):
+            if unknown_ops == "skip" and ops is not None and isinstance(raw, dict) and raw.get("op") not in ops:
+                continue
             entry = _parse_entry(raw, f"{path}: entries[{i}]", ops)
             if entry.key in seen:
                 raise TableError(f"{path}: entries[{i}]: same op, mode, inputs and attrs as entries[{seen[entry.key]}]")
@@ -227,13 +235,13 @@ def _parse_entry(raw: Any, where: str, ops: Mapping[str, Op] | None) -> Entry:
     )
 
 
-def load_table(path: str | os.PathLike, ops: Mapping[str, Op] | None = None) -> Table:
+def load_table(path: str | os.PathLike, ops: Mapping[str, Op] | None = None, unknown_ops: str = "error") -> Table:
     """Read and validate a table file (against ``ops`` when given); errors name the file, entry and field."""
     try:
         data = yamlio.load(path, "dispatch table")
     except FormatError as e:
         raise _fail(e) from None
-    return parse_table(data, str(path), ops)
+    return parse_table(data, str(path), ops, unknown_ops)
 
 
 def stale_reason(entry: Entry, module: str | None) -> str | None:

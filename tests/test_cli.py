@@ -67,7 +67,9 @@ def test_list_shows_ops_backends_and_switches():
     r = cli("list", env={"NKI_AUTOTUNE_KERNEL_RMSNORM": "off"})
     assert r.returncode == 0
     assert "cpu_rows" in r.stdout and "rows_per_task" in r.stdout
-    assert "neuron" in r.stdout and "unavailable" in r.stdout
+    from nki_autotune.registry import get_backend
+
+    assert "neuron" in r.stdout and (get_backend("neuron").available() or "unavailable" in r.stdout)
     assert "NKI_AUTOTUNE_KERNEL_RMSNORM" in r.stdout and "off" in r.stdout
 
 
@@ -212,18 +214,18 @@ def test_the_readmes_adding_a_kernel_works_as_written(tmp_path):
     assert r.returncode == 0 and "axpy.cpu_blocks" in r.stdout and " 0 failed" in r.stdout, r.stdout + r.stderr
     use = textwrap.dedent("""
         import torch
-        import nki_autotune.kernels  # noqa: F401
-        from nki_autotune.registry import explain, scope
+        import nki_autotune.kernels  # noqa: F401  (the pack first, as a patched model imports it)
+        from nki_autotune.registry import explain
         import axpy
         x, y = torch.randn(3, 100, requires_grad=True), torch.randn(3, 100, requires_grad=True)
-        with scope(NKI_AUTOTUNE_KERNEL_AXPY="on"):
-            assert explain("axpy", x, y, 2.0).path == "kernel"
-            out = axpy.axpy(x, y, 2.0)
-            out.sum().backward()
+        assert explain("axpy", x, y, 2.0).path == "kernel"
+        out = axpy.axpy(x, y, 2.0)
+        out.sum().backward()
         torch.testing.assert_close(out, x + 2.0 * y)
         torch.testing.assert_close(y.grad, torch.full_like(y, 2.0))
         print("OK")
     """)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("NKI_AUTOTUNE_")}
     r = subprocess.run([sys.executable, "-c", use], capture_output=True, text=True, cwd=tmp_path,
-                       env={**{k: v for k, v in os.environ.items() if not k.startswith("NKI_AUTOTUNE_")}, **env})
+                       env={**clean, **env, "NKI_AUTOTUNE_KERNEL_AXPY": "on"})  # set before the op exists
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr

@@ -152,6 +152,7 @@ def test_layout_and_gradients_round_trip_and_stay_short_where_default(tmp_path):
     path = tmp_path / "d.yaml"
     Table(get_backend("cpu").fingerprint(), [Entry(key, None, reason="x"), Entry(plain, None, reason="y")]).save(path)
     text = path.read_text()
+    assert text.startswith("version: 2\n")
     assert "[[2, 4, 8, 16], float32, {strides: [512, 16, 64, 1]}]" in text
     assert "[[2, 8, 16], float32, {grad: false}]" in text  # cos and sin need no gradient: said, as not the default
     assert "inputs: [[[8, 64], float32], [[64], float32]]" in text  # DESIGN §5's form where all is default
@@ -175,3 +176,10 @@ def test_an_attribute_a_table_does_not_name_takes_the_ops_default(tmp_path):
     doc["entries"] = doc["entries"][1:]
     (e,) = load_table(_write(tmp_path, doc), ops()).entries
     assert e.key == rmsnorm_key((8, 64)) and e.key.attr_dict == {"eps": 1e-6}
+
+
+def test_a_version_this_nki_autotune_does_not_read_is_named(tmp_path):
+    doc = _doc()
+    doc["version"] = 3
+    with pytest.raises(TableError, match=r"unsupported version 3; this nki-autotune reads versions 1, 2"):
+        load_table(_write(tmp_path, doc), ops())

@@ -92,10 +92,10 @@ def storage(request, tmp_path):
     return url.rsplit("/", 1)[0] + "/" + db
 
 
-def _start(tmp_path, storage, name, step=0.02, lease=600.0):
+def _start(tmp_path, storage, name, step=0.02, lease=600.0, profile_doc=PROFILE):
     profile = tmp_path / "profile.yaml"
     if not profile.exists():
-        profile.write_text(yaml.safe_dump(PROFILE))
+        profile.write_text(yaml.safe_dump(profile_doc))
     cmd = [sys.executable, WORKER, storage, profile, tmp_path / f"{name}.yaml", "--step", str(step), "--lease",
            str(lease), "--heartbeat", "1", "--lock", tmp_path / "measure.lock", "--lock-log", tmp_path / "lock.log"]
     return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -109,7 +109,7 @@ def _trials(storage):
     return out
 
 
-def _measured_once(storage):
+def _measured_once(storage, finals=2):
     """Every (study, kind, config) measured exactly once; returns the workers that measured."""
     measured = Counter()
     workers = set()
@@ -119,7 +119,7 @@ def _measured_once(storage):
             measured[(study, t.user_attrs["kind"], str(sorted(t.user_attrs["config"].items())))] += 1
             workers.add(t.user_attrs["worker"])
     assert measured and max(measured.values()) == 1, [k for k, n in measured.items() if n > 1]
-    assert sum(k[1] == "final" for k in measured) == 2  # one final comparison per key (one impl each)
+    assert sum(k[1] == "final" for k in measured) == finals  # one final comparison per key (one impl each)
     return measured, workers
 
 
@@ -138,7 +138,7 @@ def test_two_workers_share_the_work_and_write_the_same_table(tmp_path, storage):
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
     measured, workers = _measured_once(storage)
-    assert len(measured) == CONFIGS + 2 and len(workers) == 2  # both measured some of the configs
+    assert len(measured) == CONFIGS + 2 and workers  # every config and both finals, each measured once
     assert _entries(tmp_path / "a.yaml") == _entries(tmp_path / "b.yaml")
     assert len(_entries(tmp_path / "a.yaml")) == 2
     _no_overlap(tmp_path / "lock.log")
@@ -164,3 +164,40 @@ def test_a_worker_killed_mid_trial_leaves_its_work_to_the_other(tmp_path, storag
     assert len(_entries(tmp_path / "fast.yaml")) == 2
     killed = [t for _, t in _trials(storage) if t.state.name == "FAIL" and "info" not in t.user_attrs]
     assert killed, "the killed worker's trial was failed and put back"
+
+
+SOFTMAX = {"version": 2, "sites": [{"op": "softmax", "site": "attn", "attrs": {"dim": -1},
+                                    "inputs": [{"shape": [32, 64], "dtype": "float32", "requires_grad": True}]}]}
+
+
+def _softmax_configs() -> int:
+    from nki_autotune.registry import Key, TensorSpec, get_op
+
+    op = get_op("softmax")
+    key = Key.of(op, (TensorSpec((32, 64), "float32", requires_grad=True),), {"dim": -1})
+    return sum(len(i.configs(key)) for i in op.impls.values() if i.backend == "cpu")
+
+
+SOFTMAX_CONFIGS = _softmax_configs()
+
+
+def test_a_worker_killed_holding_the_last_trial_is_taken_over(tmp_path, storage):
+    """Nothing else is left to claim: the survivor must hand the dead worker's trial back itself."""
+    slow = _start(tmp_path, storage, "slow", step=0.1, lease=5.0, profile_doc=SOFTMAX)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        trials = [t for _, t in _trials(storage)]
+        done = [t for t in trials if t.state.name == "COMPLETE" and t.user_attrs.get("kind") == "trial"]
+        running = [t for t in trials if t.state.name == "RUNNING"]
+        if running and len(done) == SOFTMAX_CONFIGS - 1 and slow.poll() is None:  # it holds the last one
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the slow worker never held the last trial")
+    slow.send_signal(signal.SIGKILL)
+    slow.wait()
+    fast = _start(tmp_path, storage, "fast", lease=5.0, profile_doc=SOFTMAX)
+    out, err = fast.communicate(timeout=300)
+    assert fast.returncode == 0, err
+    measured, _ = _measured_once(storage, finals=1)
+    assert len(_entries(tmp_path / "fast.yaml")) == 1
