@@ -39,7 +39,8 @@ def decide(key: Key, candidates: list[Candidate], threshold: float, sites: list[
             c = candidates[0]
             return entry(c, None, {**c.measured, "impl": c.impl},
                          f"no config of {', '.join(x.impl for x in candidates)} ran: {c.measured.get('error')}")
-        worst = min(checked, key=lambda c: c.measured["rel_err"])
+        worst = min(checked, key=lambda c: c.measured["rel_err"] if isinstance(c.measured["rel_err"], float)
+                    else float("inf"))
         return entry(worst, None, {**worst.measured, "impl": worst.impl},
                      f"no config of {', '.join(c.impl for c in candidates)} passed numerics "
                      f"(best error {_err(worst.measured.get('rel_err'))} above "
@@ -70,4 +71,4 @@ def decide(key: Key, candidates: list[Candidate], threshold: float, sites: list[
 
 
 def _err(x: Any) -> str:
-    return "n/a" if x is None else f"{x:.1e}"
+    return f"{x:.1e}" if isinstance(x, float) else "n/a" if x is None else str(x)

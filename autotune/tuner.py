@@ -170,8 +170,9 @@ class Tuner:
             passed = [r for r in results if isinstance(r.info.get("rel_err"), float) and tol
                       and r.info["rel_err"] <= tol]
             first = (passed or results)[0]  # numerics passed but no time: why (e.g. not measurable)
+            ran = any("rel_err" in r.info for r in results)  # numerics ran (maybe nan: recorded as "nan")
             return Candidate(impl.name, first.config, {
-                "rel_err": min(errs) if errs else None, "tolerance": tol,
+                "rel_err": min(errs) if errs else ("nan" if ran else None), "tolerance": tol,
                 "trials": len(results), "error": first.info.get("error", "")}, numerics_ok=bool(passed))
         # the best config; ties go to the config listed first, so every worker picks the same one
         order = {str(sorted(c.items())): i for i, c in enumerate(impl.configs(key))}

@@ -4,6 +4,7 @@ machine, and a worker killed mid-trial leaves its work to the others."""
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 import shutil
@@ -101,8 +102,13 @@ def _start(tmp_path, storage, name, step=0.02, lease=600.0, profile_doc=PROFILE)
     return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@functools.cache
+def _open(storage):
+    return open_storage(storage)  # one connection pool per storage: polling must not open one per look
+
+
 def _trials(storage):
-    st = open_storage(storage)
+    st = _open(storage)
     out = []
     for s in optuna.get_all_study_summaries(st):
         out += [(s.study_name, t) for t in optuna.load_study(study_name=s.study_name, storage=st).trials]
