@@ -117,7 +117,7 @@ def _weight(t: np.ndarray, attrs: dict) -> float:
     return 1.0 / count if count else float("nan")
 
 
-def backward(grads, tensors, results, attrs, config):
+def backward(grads, tensors, results, attrs, config, needs):
     (g,), (x, target), (_, rows) = grads, tensors, results
     t = array(target)
     dx = torch.empty(x.shape, dtype=x.dtype)
@@ -140,4 +140,5 @@ CPU_ROWS = register_impl(Impl(
     op=CROSS_ENTROPY, name="cpu_rows", backend="cpu", forward=forward, backward=backward, fake=fake_rows,
     supports=supports, space={"threads": thread_choices(), "online": (0, 1)},
     default={"threads": max_threads(), "online": 0}, constraint=constraint, saved=1,
+    reads={"logits": ("logits", "target", "result_1")},
 ))

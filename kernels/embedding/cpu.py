@@ -21,7 +21,7 @@ def forward(tensors, attrs, config):
     return (out,)
 
 
-def backward(grads, tensors, results, attrs, config):
+def backward(grads, tensors, results, attrs, config, needs):
     (dy,), (ids, w) = grads, tensors
     dw = torch.empty(w.shape, dtype=torch.float32)  # float32 sums, rounded once to a bfloat16 weight's dtype
     idx = array(ids).reshape(-1)
@@ -53,4 +53,5 @@ CPU_GATHER = register_impl(Impl(
     op=EMBEDDING, name="cpu_gather", backend="cpu", forward=forward, backward=backward, fake=fake,
     supports=supports, space={"threads": thread_choices(), "scatter": (SERIAL, BLOCKS, SORTED)},
     default={"threads": max_threads(), "scatter": SORTED}, constraint=constraint, backward_params=("scatter",),
+    reads={"weight": ("ids", "weight")},  # the weight's shape and dtype only; a parameter, kept alive anyway
 ))

@@ -103,8 +103,10 @@ def forward(tensors: tuple, attrs: dict, config: dict) -> tuple[torch.Tensor, to
     return y, rstd
 
 
-def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: dict) -> tuple:
+def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: dict, needs: tuple) -> tuple:
     (dy,), (x, w), (_, rstd) = grads, tensors, results
+    if w is None:  # only the weight's gradient is needed: dx is computed against a weight of ones
+        w = torch.ones(x.shape[-1], dtype=x.dtype)
     xa = as_rows(x)
     d = xa.shape[1]
     rows = config["rows_per_task"]
@@ -114,7 +116,7 @@ def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: 
     threads = config["threads"]
     launch(_backward, threads, as_rows(dy), xa, array(w), array(rstd).reshape(-1), rows, as_rows(dx), partial)
     launch(_column_sum, threads if d > _COLS else 1, partial, dw.numpy())
-    return dx, rounded(dw, w.dtype)
+    return dx, rounded(dw, x.dtype)
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
@@ -160,4 +162,5 @@ CPU_ROWS = register_impl(Impl(
     constraint=constraint,
     backward_params=("rows_per_task",),
     saved=1,
+    reads={"x": ("x", "weight", "result_1"), "weight": ("x", "result_1")},
 ))

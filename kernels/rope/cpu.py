@@ -110,7 +110,33 @@ def _backward_body(gq, gk, q, qt, k, kt, c, s, grain, dq, dk, dc, ds):
                 _rotate_back(k, kt, gk, c, s, b, cb, hk, p, half, dk, dc, ds)
 
 
+@inline
+def _unrotate(g, c, s, b, cb, heads, p, half, dx):
+    """dx = the rotation of g by -angle, for every head at (b, p)."""
+    cr, sr = c[cb, p], s[cb, p]
+    for h in range(heads):
+        gr, dr = g[b, h, p], dx[b, h, p]
+        for j in range(half):
+            ga, gz = f32(gr[j]), f32(gr[j + half])
+            dr[j] = cast_to(dr, fma32(ga, f32(cr[j]), gz * f32(sr[j + half])))
+            dr[j + half] = cast_to(dr, fma32(gz, f32(cr[j + half]), -(ga * f32(sr[j]))))
+
+
+def _backward_qk_body(gq, gk, c, s, grain, dq, dk):
+    nb, hq, ns, d = dq.shape
+    nbc = c.shape[0]
+    hk = dk.shape[1]
+    half = d // 2
+    for t in prange(nbc * ((ns + grain - 1) // grain)):
+        b0, b1, cb, p0, p1 = _task(t, nbc, nb, ns, grain)
+        for b in range(b0, b1):
+            for p in range(p0, p1):
+                _unrotate(gq, c, s, b, cb, hq, p, half, dq)
+                _unrotate(gk, c, s, b, cb, hk, p, half, dk)
+
+
 _forward = kernel(_forward_body, ELEMENTWISE)
+_backward_qk = kernel(_backward_qk_body, ELEMENTWISE)
 _backward = kernel(_backward_body, ELEMENTWISE)
 
 
@@ -133,9 +159,13 @@ def forward(tensors, attrs, config):
     return qo, ko
 
 
-def backward(grads, tensors, results, attrs, config):
+def backward(grads, tensors, results, attrs, config, needs):
     (gq, gk), (q, k, c, s) = grads, tensors
-    dq, dk = torch.empty(q.shape, dtype=q.dtype), torch.empty(k.shape, dtype=k.dtype)
+    dq, dk = torch.empty(gq.shape, dtype=gq.dtype), torch.empty(gk.shape, dtype=gk.dtype)
+    if not (needs[2] or needs[3]):  # cos and sin need no gradient (Hugging Face's): q and k were not saved
+        launch(_backward_qk, config["threads"], array(gq), array(gk), array(c), array(s),
+               config["positions_per_task"], array(dq), array(dk))
+        return dq, dk, None, None
     # float32 sums, rounded once to bfloat16 cos/sin
     dc, ds = torch.empty(c.shape, dtype=torch.float32), torch.empty(s.shape, dtype=torch.float32)
     launch(_backward, config["threads"], array(gq), array(gk), *_heads(q), *_heads(k), array(c), array(s),
@@ -158,4 +188,5 @@ CPU_POSITIONS = register_impl(Impl(
     op=ROPE, name="cpu_positions", backend="cpu", forward=forward, backward=backward, fake=fake, supports=supports,
     space={"threads": thread_choices(), "positions_per_task": POSITIONS},
     default={"threads": max_threads(), "positions_per_task": 8}, constraint=constraint,
+    reads={"q": ("cos", "sin"), "k": ("cos", "sin"), "cos": ("q", "k", "cos", "sin"), "sin": ("q", "k", "cos", "sin")},
 ))

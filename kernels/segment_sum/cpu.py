@@ -26,11 +26,11 @@ def forward(tensors, attrs, config):
     return (rounded(out, src.dtype),)
 
 
-def backward(grads, tensors, results, attrs, config):
-    (dy,), (src, index) = grads, tensors
+def backward(grads, tensors, results, attrs, config, needs):
+    (dy,), (_, index) = grads, tensors
     idx = array(index)
-    dsrc = torch.empty(src.shape, dtype=src.dtype)
-    width = math.prod(src.shape[1:])
+    dsrc = torch.empty((idx.size, *dy.shape[1:]), dtype=dy.dtype)  # src's shape and dtype
+    width = math.prod(dy.shape[1:])
     gather(array(dy).reshape(dy.shape[0], width), idx, array(dsrc).reshape(idx.size, width), config["threads"])
     return (dsrc,)
 
@@ -46,5 +46,5 @@ def constraint(config: dict, key: Key) -> bool:
 CPU_SCATTER = register_impl(Impl(
     op=SEGMENT_SUM, name="cpu_scatter", backend="cpu", forward=forward, backward=backward, fake=fake,
     supports=supports, space={"threads": thread_choices(), "scatter": (SERIAL, BLOCKS, SORTED)},
-    default={"threads": max_threads(), "scatter": BLOCKS}, constraint=constraint,
+    default={"threads": max_threads(), "scatter": BLOCKS}, constraint=constraint, reads={"src": ("index",)},
 ))

@@ -100,7 +100,7 @@ def forward(tensors, attrs, config):
     return (y,)
 
 
-def backward(grads, tensors, results, attrs, config):
+def backward(grads, tensors, results, attrs, config, needs):
     (dy,), (y,) = grads, results
     dx = torch.empty(y.shape, dtype=y.dtype)
     launch(_backward, config["threads"], as_rows(dy), as_rows(y), as_rows(dx))
@@ -126,5 +126,5 @@ def constraint(config: dict, key: Key) -> bool:
 CPU_ROWS = register_impl(Impl(
     op=SOFTMAX, name="cpu_rows", backend="cpu", forward=forward, backward=backward, fake=fake, supports=supports,
     space={"threads": thread_choices(), "online": (0, 1)},
-    default={"threads": max_threads(), "online": 0}, constraint=constraint,
+    default={"threads": max_threads(), "online": 0}, constraint=constraint, reads={"x": ("result_0",)},
 ))

@@ -54,8 +54,9 @@ def forward(tensors, attrs, config):
     return (out,)
 
 
-def backward(grads, tensors, results, attrs, config):
+def backward(grads, tensors, results, attrs, config, needs):
     (dy,), (g, u) = grads, tensors
+    u = g if u is None else u  # only du (which reads g) is needed: dg is computed and dropped
     dg, du = torch.empty(g.shape, dtype=g.dtype), torch.empty(u.shape, dtype=u.dtype)
     launch(_backward, config["threads"], array(dy).reshape(-1), array(g).reshape(-1), array(u).reshape(-1),
            config["block"], array(dg).reshape(-1), array(du).reshape(-1))
@@ -81,4 +82,5 @@ CPU_FUSED = register_impl(Impl(
     op=SWIGLU, name="cpu_fused", backend="cpu", forward=forward, backward=backward, fake=fake, supports=supports,
     space={"threads": thread_choices(), "block": BLOCKS},
     default={"threads": max_threads(), "block": 16384}, constraint=constraint,
+    reads={"gate": ("gate", "up"), "up": ("gate",)},
 ))
