@@ -238,7 +238,8 @@ _BF16, _I16, _F32 = torch.bfloat16, torch.int16, torch.float32
 
 def array(t: torch.Tensor) -> np.ndarray:
     """A numpy view of a CPU tensor's memory (no copy); a bfloat16 tensor's as int16 bits."""
-    t = t.detach()
+    if t.requires_grad:  # (detaching costs a new tensor: only where numpy() needs it)
+        t = t.detach()
     return (t.view(_I16) if t.dtype is _BF16 else t).numpy()
 
 
