@@ -22,6 +22,7 @@ from .._cpu import (
     FLOATS,
     array,
     cast_to,
+    empty,
     exp32,
     f32,
     finite32,
@@ -120,7 +121,7 @@ def _weight(t: np.ndarray, attrs: dict) -> float:
 def backward(grads, tensors, results, attrs, config, needs):
     (g,), (x, target), (_, rows) = grads, tensors, results
     t = array(target)
-    dx = torch.empty(x.shape, dtype=x.dtype)
+    dx = empty(x.shape, x.dtype)
     scale = float(g) * _weight(t, attrs)
     launch(_backward, config["threads"], array(x), t, attrs["ignore_index"], array(rows), np.float32(scale),
            array(dx))

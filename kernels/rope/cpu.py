@@ -20,6 +20,8 @@ from .._cpu import (
     FLOATS,
     array,
     cast_to,
+    empty,
+    empty_like,
     f32,
     fma32,
     inline,
@@ -153,7 +155,7 @@ def _heads(t: torch.Tensor) -> tuple[np.ndarray, bool]:
 
 def forward(tensors, attrs, config):
     q, k, c, s = tensors
-    qo, ko = torch.empty(q.shape, dtype=q.dtype), torch.empty(k.shape, dtype=k.dtype)
+    qo, ko = empty(q.shape, q.dtype), empty(k.shape, k.dtype)
     launch(_forward, config["threads"], *_heads(q), *_heads(k), array(c), array(s), config["positions_per_task"],
            array(qo), array(ko))
     return qo, ko
@@ -161,7 +163,7 @@ def forward(tensors, attrs, config):
 
 def backward(grads, tensors, results, attrs, config, needs):
     (gq, gk), (q, k, c, s) = grads, tensors
-    dq, dk = torch.empty(gq.shape, dtype=gq.dtype), torch.empty(gk.shape, dtype=gk.dtype)
+    dq, dk = empty_like(gq), empty_like(gk)
     if not (needs[2] or needs[3]):  # cos and sin need no gradient (Hugging Face's): q and k were not saved
         launch(_backward_qk, config["threads"], array(gq), array(gk), array(c), array(s),
                config["positions_per_task"], array(dq), array(dk))
