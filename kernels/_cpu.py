@@ -14,10 +14,8 @@ a product that PyTorch's separate multiply rounds to inf). Division by zero give
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import math
-import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -254,50 +252,17 @@ def as_rows(t: torch.Tensor) -> np.ndarray:
     return a.reshape(math.prod(t.shape[:-1]), t.shape[-1] if t.dim() else 1)
 
 
-def _madvise() -> Callable | None:
-    """libc's ``madvise`` where this is Linux, else None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-    return fn
-
-
-_MADVISE = _madvise()
-_MADV_HUGEPAGE = 14
-_HUGE = 2 << 20
-
-
-def huge_pages(t: torch.Tensor) -> torch.Tensor:
-    """``t``, its memory (where it spans whole 2 MiB pages) marked for Linux's transparent huge pages.
-
-    A large new output comes from fresh pages, which the kernel then faults in 4 KiB at a time as it writes:
-    here that costs several times the writing (262 MB: about 140 ms, against 16 ms into pages already mapped,
-    and 24-32 ms in 2 MiB pages). Where huge pages are off or the call fails, nothing changes."""
-    n = t.untyped_storage().nbytes()
-    if _MADVISE is None or n < 2 * _HUGE:
-        return t
-    start = t.untyped_storage().data_ptr()
-    lo, hi = -(-start // _HUGE) * _HUGE, (start + n) // _HUGE * _HUGE
-    if hi > lo:
-        _MADVISE(lo, hi - lo, _MADV_HUGEPAGE)
-    return t
-
-
 def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """A new contiguous output (``huge_pages`` where large)."""
-    return huge_pages(torch.empty(shape, dtype=dtype))
+    """A new contiguous output."""
+    return torch.empty(shape, dtype=dtype)
 
 
 def empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A new contiguous tensor of ``t``'s shape (and dtype, unless given): the cheapest allocation torch offers
-    for it (``huge_pages`` where large)."""
+    for it."""
     if dtype is None or dtype is t.dtype:
-        return huge_pages(torch.empty_like(t, memory_format=torch.contiguous_format))
-    return huge_pages(torch.empty_like(t, dtype=dtype, memory_format=torch.contiguous_format))
+        return torch.empty_like(t, memory_format=torch.contiguous_format)
+    return torch.empty_like(t, dtype=dtype, memory_format=torch.contiguous_format)
 
 
 def rounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
