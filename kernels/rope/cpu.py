@@ -80,20 +80,30 @@ def _forward_body(q, qt, k, kt, c, s, grain, qo, ko):
 
 
 @inline
-def _rotate_back(x, xt, g, c, s, b, cb, heads, p, half, dx, dc, ds):
-    """dx = the rotation of g by -angle; dcos += g * x and dsin += g * rot(x), summed over heads."""
-    cr, sr, dcr, dsr = c[cb, p], s[cb, p], dc[cb, p], ds[cb, p]
+def _unrotate(g, c, s, b, cb, heads, p, half, dx):
+    """dx = the rotation of g by -angle, for every head at (b, p)."""
+    cr, sr = c[cb, p], s[cb, p]
     for h in range(heads):
-        xr, gr, dr = _row(x, xt, b, h, p), g[b, h, p], dx[b, h, p]
+        gr, dr = g[b, h, p], dx[b, h, p]
         for j in range(half):
-            a, z = f32(xr[j]), f32(xr[j + half])
             ga, gz = f32(gr[j]), f32(gr[j + half])
             dr[j] = cast_to(dr, fma32(ga, f32(cr[j]), gz * f32(sr[j + half])))
             dr[j + half] = cast_to(dr, fma32(gz, f32(cr[j + half]), -(ga * f32(sr[j]))))
-            dcr[j] += ga * a
-            dcr[j + half] += gz * z
-            dsr[j] -= ga * z
-            dsr[j + half] += gz * a
+
+
+@inline
+def _accumulate(x, xt, g, b, cb, heads, p, half, dc, ds):
+    """dcos += g * x and dsin += g * rot(x) at (b, p), summed over heads: loops of one output each, which
+    vectorise (several outputs in one loop would each need a run-time overlap check)."""
+    dcr, dsr = dc[cb, p], ds[cb, p]
+    for h in range(heads):
+        xr, gr = _row(x, xt, b, h, p), g[b, h, p]
+        for j in range(2 * half):
+            dcr[j] += f32(gr[j]) * f32(xr[j])
+        for j in range(half):
+            dsr[j] -= f32(gr[j]) * f32(xr[j + half])
+        for j in range(half):
+            dsr[j + half] += f32(gr[j + half]) * f32(xr[j])
 
 
 def _backward_body(gq, gk, q, qt, k, kt, c, s, grain, dq, dk, dc, ds):
@@ -108,20 +118,10 @@ def _backward_body(gq, gk, q, qt, k, kt, c, s, grain, dq, dk, dc, ds):
                 dc[cb, p, j] = 0.0
                 ds[cb, p, j] = 0.0
             for b in range(b0, b1):
-                _rotate_back(q, qt, gq, c, s, b, cb, hq, p, half, dq, dc, ds)
-                _rotate_back(k, kt, gk, c, s, b, cb, hk, p, half, dk, dc, ds)
-
-
-@inline
-def _unrotate(g, c, s, b, cb, heads, p, half, dx):
-    """dx = the rotation of g by -angle, for every head at (b, p)."""
-    cr, sr = c[cb, p], s[cb, p]
-    for h in range(heads):
-        gr, dr = g[b, h, p], dx[b, h, p]
-        for j in range(half):
-            ga, gz = f32(gr[j]), f32(gr[j + half])
-            dr[j] = cast_to(dr, fma32(ga, f32(cr[j]), gz * f32(sr[j + half])))
-            dr[j + half] = cast_to(dr, fma32(gz, f32(cr[j + half]), -(ga * f32(sr[j]))))
+                _unrotate(gq, c, s, b, cb, hq, p, half, dq)
+                _unrotate(gk, c, s, b, cb, hk, p, half, dk)
+                _accumulate(q, qt, gq, b, cb, hq, p, half, dc, ds)
+                _accumulate(k, kt, gk, b, cb, hk, p, half, dc, ds)
 
 
 def _backward_qk_body(gq, gk, c, s, grain, dq, dk):
