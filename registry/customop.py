@@ -154,8 +154,12 @@ def build(impl: Impl) -> None:
 
     def backward_fake(*args):
         grads, tensors = args[:n_out], args[n_out:n_out + nt]
-        out = tuple(tensors[i].new_empty(tensors[i].shape) if need else grads[0].new_empty(0)
-                    for i, need in zip(diff, needed(args[-1])))
+        needs = needed(args[-1])
+        if impl.backward_fake is not None:
+            out = tuple(impl.backward_fake(grads, tensors, dicts(args[n_out + nt + n_res:-1])[0], needs))
+        else:
+            out = tuple(tensors[i].new_empty(tensors[i].shape) for i in diff)
+        out = tuple(g if need else grads[0].new_empty(0) for g, need in zip(out, needs))
         return out[0] if len(diff) == 1 else out
 
     bwd = None
@@ -182,7 +186,7 @@ def build(impl: Impl) -> None:
                 full[i] = t
             for i, shape, dtype, device in ctx.absent:
                 full[i] = stand_in(shape, dtype, device)
-            grads = tuple(g.contiguous() for g in grads[:n_out])
+            grads = grads[:n_out] if impl.backward_fake is not None else tuple(g.contiguous() for g in grads[:n_out])
             mask = sum(1 << j for j, need in enumerate(ctx.needs) if need)
             out = bwd(*grads, *full, *ctx.rest, mask)
             out = out if isinstance(out, tuple) else (out,)

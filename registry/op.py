@@ -64,6 +64,11 @@ class Impl:
     ``needs`` (one bool each) says which the call needs (the others may be None, and are dropped); ``tensors`` and
     ``results`` hold None for what ``reads`` does not list for the needed gradients.
     None: the reference's gradient formula, run eagerly inside the backward op."""
+    backward_fake: Callable[[tuple, tuple, dict, tuple], tuple] | None = None
+    """``backward_fake(grads, tensors, attrs, needs)`` -> the input gradients as empty tensors, for a backward that
+    takes the output gradients in the layouts they come in and gives input gradients in layouts of its own (a
+    gradient not needed may be None). None: output gradients are made contiguous, and each input gradient is a
+    contiguous tensor of its input's shape."""
     reads: Mapping[str, tuple[str, ...]] | None = None
     """Per differentiable input, what its gradient's kernel reads besides the output gradients: tensor names of
     the op, or ``result_<i>`` (the outputs, then the ``saved`` extras). Only those of the needed gradients are
