@@ -48,8 +48,10 @@ CE_ATTRS = [("ignore_index", -100), ("reduction", "mean")]
 
 # op, inputs, attrs, generator options, bytes (inference), bytes (training: forward + backward)
 CASES = [
-    ("rmsnorm", [((8, 256, 256), "float32"), ((256,), "float32")], [("eps", 1e-6)], {},
-     lambda s: 2 * F32 * _n(s[0]), lambda s: 5 * F32 * _n(s[0])),
+    ("rmsnorm", [(shape, "float32"), (shape[-1:], "float32")], [("eps", 1e-6)], {},
+     lambda s: 2 * F32 * _n(s[0]), lambda s: 5 * F32 * _n(s[0]))
+    for shape in ((8, 64), (512, 256), (8, 256, 256), (2048, 512), (8192, 1024))
+] + [
     ("softmax", [((256, 128), "float32")], [("dim", -1)], {}, lambda s: 2 * F32 * _n(s[0]),
      lambda s: 5 * F32 * _n(s[0])),
     ("softmax", [((8, 4, 256, 256), "float32")], [("dim", -1)], {}, lambda s: 2 * F32 * _n(s[0]),
