@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 transformers = pytest.importorskip("transformers")
 
 from nki_autotune.kernels import hf  # noqa: E402
 from nki_autotune.registry import scope  # noqa: E402
+
+from .conftest import step_peak  # noqa: E402
 
 TARGET = 1.05  # the patched model's peak may exceed the unpatched one's by 5% at most
 _spec = importlib.util.spec_from_file_location("example_train", Path(__file__).parents[1] / "examples" / "train.py")
@@ -31,18 +32,6 @@ def live_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
     tensors = [*model.parameters(), *model.buffers()]
     tensors += [t for state in opt.state.values() for t in state.values() if torch.is_tensor(t)]
     return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
-
-
-def step_peak(step) -> int:
-    """The peak of bytes allocated and not yet freed during one call of ``step``, above the bytes live before it."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    live = peak = 0
-    for _, n in events:
-        live += n
-        peak = max(peak, live)
-    return peak
 
 
 def measure(patched: bool, env: dict[str, str]) -> tuple[int, int]:

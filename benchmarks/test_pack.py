@@ -1,52 +1,79 @@
-"""The pack's ops: each CPU kernel vs Inductor's code, forward and forward+backward, at small and large shapes,
-with the bandwidth each achieves next to this machine's copy bandwidth (see conftest's summary).
+"""The pack's ops: each CPU kernel vs Inductor's code, forward and forward+backward, at the example's shapes and at
+large ones, with the bandwidth each kernel achieves next to this machine's copy bandwidth and, in training mode, the
+peak memory of each (see conftest's summary).
 
-Each candidate runs in its own compiled region, one call per region, as the autotuner times it.
+Kernel and compiler are timed in one run, interleaved round by round in a shuffled order, each in its own compiled
+region (one call per region, the kernel at its default config), as the autotuner times them; the kernel's numerics
+are checked against float64 before it is timed.
 Run: make bench   (or: pytest benchmarks/test_pack.py -k softmax)
 """
 
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
 
 import nki_autotune.kernels  # noqa: F401
 from nki_autotune.autotune.numerics import check_impl
-from nki_autotune.autotune.timing import Workload
+from nki_autotune.autotune.stats import median, ratio_of_medians
+from nki_autotune.autotune.timing import Clock, Workload, interleave
 from nki_autotune.registry import Key, TensorSpec, get_backend, get_op
 
-from .conftest import record
+from .conftest import COPY, RESULTS, Result, step_peak
 
 CPU = get_backend("cpu")
 F32, I64 = 4, 8
+ROUNDS = 15
 
 
 def _key(op, mode, inputs, attrs=()):
-    return Key.of(get_op(op), tuple(TensorSpec(tuple(s), d) for s, d in inputs), dict(attrs), mode)
+    """inputs: (shape, dtype[, strides[, requires_grad]]) each."""
+    specs = tuple(TensorSpec(tuple(i[0]), *i[1:]) for i in inputs)
+    return Key.of(get_op(op), specs, dict(attrs), mode)
 
 
 def _n(shape):
     return math.prod(shape)
 
 
+def _hf(b, h, s, d):
+    """Hugging Face's q/k: ``x.view(b, s, h, d).transpose(1, 2)``, needing a gradient."""
+    return (b, h, s, d), "float32", (s * h * d, d, h * d, 1), True
+
+
 CE_ATTRS = [("ignore_index", -100), ("reduction", "mean")]
 
 # op, inputs, attrs, generator options, bytes (inference), bytes (training: forward + backward)
 CASES = [
+    ("rmsnorm", [(shape, "float32"), (shape[-1:], "float32")], [("eps", 1e-6)], {},
+     lambda s: 2 * F32 * _n(s[0]), lambda s: 5 * F32 * _n(s[0]))
+    for shape in ((8, 64), (512, 256), (8, 256, 256), (2048, 512), (8192, 1024))
+] + [
     ("softmax", [((256, 128), "float32")], [("dim", -1)], {}, lambda s: 2 * F32 * _n(s[0]),
      lambda s: 5 * F32 * _n(s[0])),
     ("softmax", [((8, 4, 256, 256), "float32")], [("dim", -1)], {}, lambda s: 2 * F32 * _n(s[0]),
      lambda s: 5 * F32 * _n(s[0])),
     ("swiglu", [((64, 256), "float32")] * 2, [], {}, lambda s: 3 * F32 * _n(s[0]), lambda s: 8 * F32 * _n(s[0])),
+    ("swiglu", [((8, 256, 512), "float32")] * 2, [], {}, lambda s: 3 * F32 * _n(s[0]),
+     lambda s: 8 * F32 * _n(s[0])),
     ("swiglu", [((2048, 2048), "float32")] * 2, [], {}, lambda s: 3 * F32 * _n(s[0]), lambda s: 8 * F32 * _n(s[0])),
+    ("rope", [_hf(8, 4, 256, 64), _hf(8, 2, 256, 64), ((1, 256, 64), "float32"), ((1, 256, 64), "float32")], [], {},
+     lambda s: F32 * (2 * _n(s[0]) + 2 * _n(s[1]) + 2 * _n(s[2])),
+     lambda s: F32 * (4 * _n(s[0]) + 4 * _n(s[1]) + 4 * _n(s[2]))),
     ("rope", [((8, 8, 512, 64), "float32")] * 2 + [((8, 512, 64), "float32")] * 2, [], {},
      lambda s: F32 * (4 * _n(s[0]) + 2 * _n(s[2])), lambda s: F32 * (10 * _n(s[0]) + 6 * _n(s[2]))),
     ("cross_entropy", [((64, 2048), "float32"), ((64,), "int64")], CE_ATTRS, {},
      lambda s: F32 * _n(s[0]), lambda s: 3 * F32 * _n(s[0])),
+    ("cross_entropy", [((2048, 2048), "float32"), ((2048,), "int64")], CE_ATTRS, {},
+     lambda s: F32 * _n(s[0]), lambda s: 3 * F32 * _n(s[0])),
     ("cross_entropy", [((2048, 32000), "float32"), ((2048,), "int64")], CE_ATTRS, {},
      lambda s: F32 * _n(s[0]), lambda s: 3 * F32 * _n(s[0])),
+    ("embedding", [((8, 256), "int64"), ((2048, 256), "float32")], [("padding_idx", 0)], {"dist": "zipf"},
+     lambda s: I64 * _n(s[0]) + 2 * F32 * _n(s[0]) * s[1][1],
+     lambda s: I64 * _n(s[0]) + 3 * F32 * _n(s[0]) * s[1][1] + F32 * _n(s[1])),
 ] + [
     ("embedding", [((8, 1024), "int64"), ((32000, 512), "float32")], [("padding_idx", None)],
      {"dist": dist, "sort": sort},
@@ -64,39 +91,41 @@ CASES = [
 
 def _label(case):
     op, inputs, _, opts, _, _ = case
-    shapes = "/".join("x".join(map(str, s)) for s, _ in inputs)
+    shapes = "/".join("x".join(map(str, i[0])) + (" (HF view)" if len(i) > 2 and i[2] else "") for i in inputs)
     extra = "".join(f" {k}={v}" for k, v in opts.items())
     return f"{op} {shapes}{extra}"
 
 
 @pytest.mark.parametrize("mode", ["inference", "training"])
 @pytest.mark.parametrize("case", CASES, ids=_label)
-@pytest.mark.parametrize("candidate", ["compiler", "kernel"])
-def test_op(benchmark, case, mode, candidate):
+def test_op(case, mode):
     name, inputs, attrs, opts, bytes_inf, bytes_train = case
     op = get_op(name)
     impl = next(i for i in op.impls.values() if i.backend == "cpu")
     key = _key(name, mode, inputs, attrs)
-    group = f"{_label(case)} {mode}"
-    benchmark.group = group
+    config = impl.default if impl.allows(impl.default, key) else impl.configs(key)[0]
+    res = check_impl(impl, key, config, torch.Generator().manual_seed(0))
+    assert res.ok, res  # verify as we measure
     w = Workload(op, key, CPU, sets=2, options=opts)
     w.prepare(1)
-    if candidate == "kernel":
-        config = impl.default if impl.allows(impl.default, key) else impl.configs(key)[0]
-        assert check_impl(impl, key, config, torch.Generator().manual_seed(0)).ok  # verify as we measure
-        runner = w.kernel(impl, config)
-    else:
-        runner = w.compiler()
-    i = iter(range(1 << 30))
-    benchmark.pedantic(lambda: runner.step(next(i)), rounds=15, warmup_rounds=2, iterations=1)
-    shapes = [s for s, _ in inputs]
-    record(benchmark, group, candidate, (bytes_train if mode == "training" else bytes_inf)(shapes))
+    compiler, kernel = w.compiler(), w.kernel(impl, config)
+    times = interleave([compiler, kernel], rounds=ROUNDS, clock=Clock(CPU.synchronize), warmup=2)
+    speedup, ci = ratio_of_medians(times["compiler"], times[kernel.name])
+    peaks = (step_peak(lambda: compiler.step(0)), step_peak(lambda: kernel.step(0))) if key.grads else (None, None)
+    shapes = [i[0] for i in inputs]
+    RESULTS.append(Result(_label(case), mode, median(times["compiler"]), median(times[kernel.name]), speedup, ci,
+                          (bytes_train if key.grads else bytes_inf)(shapes), *peaks))
 
 
-def test_copy_bandwidth(benchmark):
+def test_copy_bandwidth():
     """This machine's copy bandwidth in the same run: the yardstick of the kernels' bandwidth."""
     src = torch.randn(16 << 20)  # 64 MiB
     dst = torch.empty_like(src)
-    benchmark.group = "copy"
-    benchmark.pedantic(lambda: dst.copy_(src), rounds=30, warmup_rounds=3, iterations=1)
-    record(benchmark, "copy", "torch.copy_", 2 * src.numel() * 4)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(30):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    COPY.append(2 * src.numel() * 4 / median(times))

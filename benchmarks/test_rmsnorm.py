@@ -1,8 +1,6 @@
-"""RMSNorm: the numba kernel vs Inductor's code, forward and forward+backward, at a spread of shapes.
-
-Each candidate runs inside its own compiled region, exactly as in the autotuner (one call per region;
-the region's fixed cost is the `empty` benchmark of the same mode, to subtract when comparing).
-Run: make bench   (or: pytest benchmarks -k rmsnorm --benchmark-group-by=param:shape,param:mode)
+"""The eager call path of ``nk.rmsnorm``: the pack's function against its chosen custom op, and the dispatch layer
+alone. (The kernel against the compiler, per shape and mode, is in test_pack.py.)
+Run: make bench   (or: pytest benchmarks/test_rmsnorm.py)
 """
 
 from __future__ import annotations
@@ -13,42 +11,11 @@ import pytest
 import torch
 
 import nki_autotune.kernels as nk
-from nki_autotune.autotune.numerics import check_impl
-from nki_autotune.autotune.timing import Workload
-from nki_autotune.registry import Key, TensorSpec, explain, get_backend, get_op, scope
+from nki_autotune.registry import explain, get_backend, get_op, scope
 
 OP = get_op("rmsnorm")
 IMPL = OP.impls["cpu_rows"]
 CPU = get_backend("cpu")
-SHAPES = [(8, 64), (512, 256), (2048, 64), (2048, 512), (8192, 1024)]
-MODES = ["inference", "training"]
-CONFIG = {"threads": CPU.fingerprint()["threads"], "rows_per_task": 64}
-
-
-def _key(shape, mode):
-    return Key.of(OP, (TensorSpec(shape, "float32"), TensorSpec(shape[-1:], "float32")), {"eps": 1e-6}, mode)
-
-
-def _bench(benchmark, runner, shape):
-    i = iter(range(1 << 30))
-    benchmark.pedantic(lambda: runner.step(next(i)), rounds=30, warmup_rounds=3, iterations=1)
-    n = shape[0] * shape[1]
-    benchmark.extra_info["bytes"] = 2 * n * 4
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("candidate", ["compiler", "cpu_rows", "empty"])
-def test_rmsnorm(benchmark, shape, mode, candidate):
-    key = _key(shape, mode)
-    benchmark.group = f"rmsnorm {'x'.join(map(str, shape))} {mode}"
-    if candidate == "cpu_rows":  # verify as we measure
-        res = check_impl(IMPL, key, CONFIG, torch.Generator().manual_seed(0))
-        assert res.ok, res
-    w = Workload(OP, key, CPU, sets=2)
-    w.prepare(1)
-    runner = {"compiler": w.compiler, "empty": w.empty, "cpu_rows": lambda: w.kernel(IMPL, CONFIG)}[candidate]()
-    _bench(benchmark, runner, shape)
 
 
 @pytest.mark.parametrize("path", ["nk.rmsnorm", "custom op"])

@@ -238,15 +238,31 @@ _BF16, _I16, _F32 = torch.bfloat16, torch.int16, torch.float32
 
 def array(t: torch.Tensor) -> np.ndarray:
     """A numpy view of a CPU tensor's memory (no copy); a bfloat16 tensor's as int16 bits."""
-    t = t.detach()
+    if t.requires_grad:  # (detaching costs a new tensor: only where numpy() needs it)
+        t = t.detach()
     return (t.view(_I16) if t.dtype is _BF16 else t).numpy()
 
 
 def as_rows(t: torch.Tensor) -> np.ndarray:
     """``array(t)`` as [rows, last dim] (a 0-d tensor as [1, 1]): a view where the leading dims collapse
     (``rows_view``), as supports() requires."""
-    d = t.shape[-1] if t.dim() else 1
-    return array(t).reshape(math.prod(t.shape[:-1]), d)
+    a = array(t)
+    if a.ndim == 2:
+        return a
+    return a.reshape(math.prod(t.shape[:-1]), t.shape[-1] if t.dim() else 1)
+
+
+def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A new contiguous output."""
+    return torch.empty(shape, dtype=dtype)
+
+
+def empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A new contiguous tensor of ``t``'s shape (and dtype, unless given): the cheapest allocation torch offers
+    for it."""
+    if dtype is None or dtype is t.dtype:
+        return torch.empty_like(t, memory_format=torch.contiguous_format)
+    return torch.empty_like(t, dtype=dtype, memory_format=torch.contiguous_format)
 
 
 def rounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

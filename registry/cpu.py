@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .backend import register_backend
+from .customop import define
 
 
 @cache
@@ -47,7 +48,7 @@ class CpuBackend:
         return torch.compile(fn, backend="inductor", fullgraph=True, dynamic=False)
 
     def custom_op(self, name: str, fn: Callable[..., Any], schema: str) -> Any:
-        return torch.library.custom_op(name, fn, mutates_args=(), schema=schema, device_types="cpu")
+        return define(name, fn, schema, "cpu")
 
     def fingerprint(self) -> dict[str, Any]:
         import numba

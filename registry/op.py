@@ -59,9 +59,20 @@ class Impl:
     """Same as ``forward`` on fake tensors: empty results of the right shape, dtype and strides."""
     supports: Callable[[tuple[TensorSpec, ...], dict], str | None]
     """None when the impl handles the call, else the reason it declines."""
-    backward: Callable[[tuple, tuple, tuple, dict, dict], tuple] | None = None
-    """``backward(grads, tensors, results, attrs, config)`` -> one grad per ``op.differentiable``;
+    backward: Callable[[tuple, tuple, tuple, dict, dict, tuple], tuple] | None = None
+    """``backward(grads, tensors, results, attrs, config, needs)`` -> one grad per ``op.differentiable``, where
+    ``needs`` (one bool each) says which the call needs (the others may be None, and are dropped); ``tensors`` and
+    ``results`` hold None for what ``reads`` does not list for the needed gradients.
     None: the reference's gradient formula, run eagerly inside the backward op."""
+    backward_fake: Callable[[tuple, tuple, dict, tuple], tuple] | None = None
+    """``backward_fake(grads, tensors, attrs, needs)`` -> the input gradients as empty tensors, for a backward that
+    takes the output gradients in the layouts they come in and gives input gradients in layouts of its own (a
+    gradient not needed may be None). None: output gradients are made contiguous, and each input gradient is a
+    contiguous tensor of its input's shape."""
+    reads: Mapping[str, tuple[str, ...]] | None = None
+    """Per differentiable input, what its gradient's kernel reads besides the output gradients: tensor names of
+    the op, or ``result_<i>`` (the outputs, then the ``saved`` extras). Only those of the needed gradients are
+    saved for the backward. None: every tensor and result."""
     space: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     default: Mapping[str, int] = field(default_factory=dict)
     constraint: Callable[[dict, Key], bool] | None = None
@@ -71,8 +82,22 @@ class Impl:
     saved: int = 0
     fwd_op: Any = None
     bwd_op: Any = None
+    _kept: dict[tuple[bool, ...], frozenset[int]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.reads is not None:
+            results = {f"result_{i}" for i in range(self.op.outputs + self.saved)}
+            for grad, names in self.reads.items():
+                if grad not in self.op.differentiable:
+                    raise ValueError(f"impl {self.qualname}: reads names {grad!r}, which is not one of the op's "
+                                     f"differentiable inputs {list(self.op.differentiable)}")
+                unknown = set(names) - set(self.op.tensors) - results
+                if unknown:
+                    raise ValueError(f"impl {self.qualname}: reads[{grad!r}] names {sorted(unknown)}; use tensor "
+                                     f"names {list(self.op.tensors)} or {sorted(results)}")
+            if self.backward is None:
+                raise ValueError(f"impl {self.qualname}: reads needs a backward kernel (the reference's gradient "
+                                 "reads every tensor)")
         if set(self.default) != set(self.space):
             raise ValueError(f"impl {self.qualname}: default config must set exactly {sorted(self.space)}")
         for p, v in self.default.items():
@@ -97,6 +122,20 @@ class Impl:
         """Hash of the kernel's module and the modules of its family it imports (its helpers, its op's reference):
         a changed kernel is retuned, and a table entry tuned for other source is stale."""
         return source_hash(self.module) or "unknown"
+
+    def kept(self, needs: tuple[bool, ...]) -> frozenset[int]:
+        """Positions in (tensors, results) that the backward reads when the gradients ``needs`` marks (one bool
+        per ``op.differentiable``) are needed: what a call saves."""
+        got = self._kept.get(needs)
+        if got is None:
+            names = (*self.op.tensors, *(f"result_{i}" for i in range(self.op.outputs + self.saved)))
+            if self.reads is None:
+                got = frozenset(range(len(names)))
+            else:
+                wanted = {n for g, need in zip(self.op.differentiable, needs) if need for n in self.reads.get(g, ())}
+                got = frozenset(i for i, n in enumerate(names) if n in wanted)
+            self._kept[needs] = got
+        return got
 
     def configs(self, key: Key | None = None) -> list[dict[str, int]]:
         """Every config of the space that the constraint admits at ``key`` (backward params fixed for inference)."""
@@ -132,6 +171,7 @@ class Impl:
         args += [f"Tensor result_{i}" for i in range(n)]
         args += [f"{_SCHEMA_TYPES[t]} {a}" for a, t in self.op.attrs.items()]
         args += [f"int {p}" for p in self.space]
+        args += ["int needs"]  # bit j: the gradient of op.differentiable[j] is needed
         k = len(self.op.differentiable)
         ret = "Tensor" if k == 1 else "(" + ", ".join(["Tensor"] * k) + ")"
         return f"({', '.join(args)}) -> {ret}"

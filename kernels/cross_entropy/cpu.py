@@ -22,6 +22,7 @@ from .._cpu import (
     FLOATS,
     array,
     cast_to,
+    empty,
     exp32,
     f32,
     finite32,
@@ -117,10 +118,10 @@ def _weight(t: np.ndarray, attrs: dict) -> float:
     return 1.0 / count if count else float("nan")
 
 
-def backward(grads, tensors, results, attrs, config):
+def backward(grads, tensors, results, attrs, config, needs):
     (g,), (x, target), (_, rows) = grads, tensors, results
     t = array(target)
-    dx = torch.empty(x.shape, dtype=x.dtype)
+    dx = empty(x.shape, x.dtype)
     scale = float(g) * _weight(t, attrs)
     launch(_backward, config["threads"], array(x), t, attrs["ignore_index"], array(rows), np.float32(scale),
            array(dx))
@@ -140,4 +141,5 @@ CPU_ROWS = register_impl(Impl(
     op=CROSS_ENTROPY, name="cpu_rows", backend="cpu", forward=forward, backward=backward, fake=fake_rows,
     supports=supports, space={"threads": thread_choices(), "online": (0, 1)},
     default={"threads": max_threads(), "online": 0}, constraint=constraint, saved=1,
+    reads={"logits": ("logits", "target", "result_1")},
 ))

@@ -194,7 +194,7 @@ def forward(tensors, attrs, config):
     return loss.to(x.dtype), lse.reshape(-1).to(x.device), rest.reshape(-1).to(x.device)
 
 
-def backward(grads, tensors, results, attrs, config):
+def backward(grads, tensors, results, attrs, config, needs):
     (g,), (x, target), (_, lse, rest) = grads, tensors, results
     valid = (target != attrs["ignore_index"]).to(torch.float32)
     weight = (valid * g / valid.sum()).reshape(-1, 1)

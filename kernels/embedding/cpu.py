@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import torch
-
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import FLOATS, array, max_threads, out_of_range, require, rounded, thread_choices
+from .._cpu import FLOATS, array, empty, max_threads, out_of_range, require, rounded, thread_choices
 from .._indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
 from .op import EMBEDDING, fake, padding_row
 
@@ -16,14 +14,14 @@ def forward(tensors, attrs, config):
     idx = array(ids).reshape(-1)
     if out_of_range(idx, w.shape[0]) is not None:
         raise IndexError("index out of range in self")
-    out = torch.empty((*ids.shape, w.shape[1]), dtype=w.dtype)
+    out = empty((*ids.shape, w.shape[1]), w.dtype)
     gather(array(w), idx, array(out).reshape(idx.size, w.shape[1]), config["threads"])
     return (out,)
 
 
-def backward(grads, tensors, results, attrs, config):
+def backward(grads, tensors, results, attrs, config, needs):
     (dy,), (ids, w) = grads, tensors
-    dw = torch.empty(w.shape, dtype=torch.float32)  # float32 sums, rounded once to a bfloat16 weight's dtype
+    dw = empty(w.shape)  # float32 sums, rounded once to a bfloat16 weight's dtype
     idx = array(ids).reshape(-1)
     scatter_add(array(dy).reshape(idx.size, w.shape[1]), idx, dw.numpy(), config["scatter"], config["threads"])
     dw = rounded(dw, w.dtype)
@@ -53,4 +51,5 @@ CPU_GATHER = register_impl(Impl(
     op=EMBEDDING, name="cpu_gather", backend="cpu", forward=forward, backward=backward, fake=fake,
     supports=supports, space={"threads": thread_choices(), "scatter": (SERIAL, BLOCKS, SORTED)},
     default={"threads": max_threads(), "scatter": SORTED}, constraint=constraint, backward_params=("scatter",),
+    reads={"weight": ("ids", "weight")},  # the weight's shape and dtype only; a parameter, kept alive anyway
 ))

@@ -35,7 +35,7 @@ def forward(tensors, attrs, config):
     return (out.reshape(*ids.shape, w.shape[1]).to(w.device),)
 
 
-def backward(grads, tensors, results, attrs, config):
+def backward(grads, tensors, results, attrs, config, needs):
     (dy,), (ids, w) = grads, tensors
     dw = run(embedding_bwd, w.device)(dy.reshape(-1, w.shape[1]), int32_column(ids), w.shape[0],
                                      config["rows_per_tile"], config["chunk"])

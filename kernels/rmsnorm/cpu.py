@@ -21,6 +21,7 @@ from .._cpu import (
     array,
     as_rows,
     cast_to,
+    empty_like,
     f32,
     kernel,
     launch,
@@ -94,27 +95,33 @@ _column_sum = kernel(_column_sum_body)
 
 def forward(tensors: tuple, attrs: dict, config: dict) -> tuple[torch.Tensor, torch.Tensor]:
     x, w = tensors
-    y = torch.empty(x.shape, dtype=x.dtype)
-    rstd = torch.empty(x.shape[:-1], dtype=torch.float32)
+    y = empty_like(x)
     xa = as_rows(x)
+    rstd = torch.empty(xa.shape[0], dtype=torch.float32)
     threads = config["threads"]
     launch(_forward, threads, xa, array(w), attrs["eps"], max(1, -(-xa.shape[0] // threads)), as_rows(y),
-           rstd.numpy().reshape(-1))
-    return y, rstd
+           rstd.numpy())
+    return y, rstd.view(x.shape[:-1])
 
 
-def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: dict) -> tuple:
+def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: dict, needs: tuple) -> tuple:
     (dy,), (x, w), (_, rstd) = grads, tensors, results
+    if w is None:  # only the weight's gradient is needed: dx is computed against a weight of ones
+        w = torch.ones(x.shape[-1], dtype=x.dtype)
     xa = as_rows(x)
     d = xa.shape[1]
     rows = config["rows_per_task"]
-    partial = torch.empty((-(-xa.shape[0] // rows), d)).numpy()  # torch's allocator reuses freed pages
-    dx = torch.empty(x.shape, dtype=x.dtype)
-    dw = torch.empty(d, dtype=torch.float32)  # rounded once to a bfloat16 weight's dtype
+    tasks = -(-xa.shape[0] // rows)
+    partial = torch.empty((tasks, d))  # torch's allocator reuses freed pages
+    dx = empty_like(x)
     threads = config["threads"]
-    launch(_backward, threads, as_rows(dy), xa, array(w), array(rstd).reshape(-1), rows, as_rows(dx), partial)
-    launch(_column_sum, threads if d > _COLS else 1, partial, dw.numpy())
-    return dx, rounded(dw, w.dtype)
+    launch(_backward, threads, as_rows(dy), xa, array(w), array(rstd).reshape(-1), rows, as_rows(dx),
+           partial.numpy())
+    if tasks == 1:  # one task's partial row is the weight's gradient
+        return dx, rounded(partial.view(d), x.dtype)
+    dw = torch.empty(d, dtype=torch.float32)  # rounded once to a bfloat16 weight's dtype
+    launch(_column_sum, threads if d > _COLS else 1, partial.numpy(), dw.numpy())
+    return dx, rounded(dw, x.dtype)
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
@@ -160,4 +167,5 @@ CPU_ROWS = register_impl(Impl(
     constraint=constraint,
     backward_params=("rows_per_task",),
     saved=1,
+    reads={"x": ("x", "weight", "result_1"), "weight": ("x", "result_1")},
 ))

@@ -156,7 +156,7 @@ def forward(tensors: tuple, attrs: dict, config: dict) -> tuple[torch.Tensor, to
     return y.reshape(x.shape).to(x.device), rstd.reshape(x.shape[:-1]).to(x.device)
 
 
-def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: dict) -> tuple:
+def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: dict, needs: tuple) -> tuple:
     (dy,), (x, w), (_, rstd) = grads, tensors, results
     d = x.shape[-1]
     dx, dw = run(rmsnorm_bwd, x.device)(dy.reshape(-1, d), x.reshape(-1, d), w, rstd.reshape(-1, 1),

@@ -20,6 +20,7 @@ from .._cpu import (
     FLOATS,
     array,
     cast_to,
+    empty,
     f32,
     fma32,
     inline,
@@ -40,6 +41,13 @@ def _row(x, bshd, b, h, p):
     """Head h's row at position p of batch b, from x stored [b, h, s, d] or (``bshd``) [b, s, h, d]."""
     i, k = (p, h) if bshd else (h, p)  # two integers chosen, one view made
     return x[b, i, k]
+
+
+@inline
+def _heads_of(x, xt):
+    """(batch, heads, positions, dim) of x stored [b, h, s, d] or (``xt``) [b, s, h, d]."""
+    b, i, k, d = x.shape
+    return (b, k, i, d) if xt else (b, i, k, d)
 
 
 @inline
@@ -78,26 +86,36 @@ def _forward_body(q, qt, k, kt, c, s, grain, qo, ko):
 
 
 @inline
-def _rotate_back(x, xt, g, c, s, b, cb, heads, p, half, dx, dc, ds):
-    """dx = the rotation of g by -angle; dcos += g * x and dsin += g * rot(x), summed over heads."""
-    cr, sr, dcr, dsr = c[cb, p], s[cb, p], dc[cb, p], ds[cb, p]
+def _unrotate(g, gt, c, s, b, cb, heads, p, half, dx):
+    """dx = the rotation of g by -angle, for every head at (b, p); g and dx in one layout (``gt`` as ``_row``)."""
+    cr, sr = c[cb, p], s[cb, p]
     for h in range(heads):
-        xr, gr, dr = _row(x, xt, b, h, p), g[b, h, p], dx[b, h, p]
+        gr, dr = _row(g, gt, b, h, p), _row(dx, gt, b, h, p)
         for j in range(half):
-            a, z = f32(xr[j]), f32(xr[j + half])
             ga, gz = f32(gr[j]), f32(gr[j + half])
             dr[j] = cast_to(dr, fma32(ga, f32(cr[j]), gz * f32(sr[j + half])))
             dr[j + half] = cast_to(dr, fma32(gz, f32(cr[j + half]), -(ga * f32(sr[j]))))
-            dcr[j] += ga * a
-            dcr[j + half] += gz * z
-            dsr[j] -= ga * z
-            dsr[j + half] += gz * a
 
 
-def _backward_body(gq, gk, q, qt, k, kt, c, s, grain, dq, dk, dc, ds):
-    nb, hq, ns, d = dq.shape
+@inline
+def _accumulate(x, xt, g, gt, b, cb, heads, p, half, dc, ds):
+    """dcos += g * x and dsin += g * rot(x) at (b, p), summed over heads: loops of one output each, which
+    vectorise (several outputs in one loop would each need a run-time overlap check)."""
+    dcr, dsr = dc[cb, p], ds[cb, p]
+    for h in range(heads):
+        xr, gr = _row(x, xt, b, h, p), _row(g, gt, b, h, p)
+        for j in range(2 * half):
+            dcr[j] += f32(gr[j]) * f32(xr[j])
+        for j in range(half):
+            dsr[j] -= f32(gr[j]) * f32(xr[j + half])
+        for j in range(half):
+            dsr[j + half] += f32(gr[j + half]) * f32(xr[j])
+
+
+def _backward_body(gq, gqt, gk, gkt, q, qt, k, kt, c, s, grain, dq, dk, dc, ds):
+    nb, hq, ns, d = _heads_of(gq, gqt)
     nbc = c.shape[0]
-    hk = dk.shape[1]
+    hk = _heads_of(gk, gkt)[1]
     half = d // 2
     for t in prange(nbc * ((ns + grain - 1) // grain)):
         b0, b1, cb, p0, p1 = _task(t, nbc, nb, ns, grain)
@@ -106,11 +124,27 @@ def _backward_body(gq, gk, q, qt, k, kt, c, s, grain, dq, dk, dc, ds):
                 dc[cb, p, j] = 0.0
                 ds[cb, p, j] = 0.0
             for b in range(b0, b1):
-                _rotate_back(q, qt, gq, c, s, b, cb, hq, p, half, dq, dc, ds)
-                _rotate_back(k, kt, gk, c, s, b, cb, hk, p, half, dk, dc, ds)
+                _unrotate(gq, gqt, c, s, b, cb, hq, p, half, dq)
+                _unrotate(gk, gkt, c, s, b, cb, hk, p, half, dk)
+                _accumulate(q, qt, gq, gqt, b, cb, hq, p, half, dc, ds)
+                _accumulate(k, kt, gk, gkt, b, cb, hk, p, half, dc, ds)
+
+
+def _backward_qk_body(gq, gqt, gk, gkt, c, s, grain, dq, dk):
+    nb, hq, ns, d = _heads_of(gq, gqt)
+    nbc = c.shape[0]
+    hk = _heads_of(gk, gkt)[1]
+    half = d // 2
+    for t in prange(nbc * ((ns + grain - 1) // grain)):
+        b0, b1, cb, p0, p1 = _task(t, nbc, nb, ns, grain)
+        for b in range(b0, b1):
+            for p in range(p0, p1):
+                _unrotate(gq, gqt, c, s, b, cb, hq, p, half, dq)
+                _unrotate(gk, gkt, c, s, b, cb, hk, p, half, dk)
 
 
 _forward = kernel(_forward_body, ELEMENTWISE)
+_backward_qk = kernel(_backward_qk_body, ELEMENTWISE)
 _backward = kernel(_backward_body, ELEMENTWISE)
 
 
@@ -127,20 +161,34 @@ def _heads(t: torch.Tensor) -> tuple[np.ndarray, bool]:
 
 def forward(tensors, attrs, config):
     q, k, c, s = tensors
-    qo, ko = torch.empty(q.shape, dtype=q.dtype), torch.empty(k.shape, dtype=k.dtype)
+    qo, ko = empty(q.shape, q.dtype), empty(k.shape, k.dtype)
     launch(_forward, config["threads"], *_heads(q), *_heads(k), array(c), array(s), config["positions_per_task"],
            array(qo), array(ko))
     return qo, ko
 
 
-def backward(grads, tensors, results, attrs, config):
+def backward(grads, tensors, results, attrs, config, needs):
     (gq, gk), (q, k, c, s) = grads, tensors
-    dq, dk = torch.empty(q.shape, dtype=q.dtype), torch.empty(k.shape, dtype=k.dtype)
-    # float32 sums, rounded once to bfloat16 cos/sin
-    dc, ds = torch.empty(c.shape, dtype=torch.float32), torch.empty(s.shape, dtype=torch.float32)
-    launch(_backward, config["threads"], array(gq), array(gk), *_heads(q), *_heads(k), array(c), array(s),
-           config["positions_per_task"], array(dq), array(dk), dc.numpy(), ds.numpy())
+    dq, dk = torch.empty_like(gq), torch.empty_like(gk)  # as backward_fake says
+    (gqa, gqt), (gka, gkt) = _heads(gq), _heads(gk)
+    dqa, dka = _heads(dq)[0], _heads(dk)[0]  # in the layout of gq and gk
+    if not (needs[2] or needs[3]):  # cos and sin need no gradient (Hugging Face's): q and k were not saved
+        launch(_backward_qk, config["threads"], gqa, gqt, gka, gkt, array(c), array(s),
+               config["positions_per_task"], dqa, dka)
+        return dq, dk, None, None
+    dc, ds = empty(c.shape), empty(s.shape)  # float32 sums, rounded once to bfloat16 cos/sin
+    launch(_backward, config["threads"], gqa, gqt, gka, gkt, *_heads(q), *_heads(k), array(c), array(s),
+           config["positions_per_task"], dqa, dka, dc.numpy(), ds.numpy())
     return dq, dk, rounded(dc, c.dtype), rounded(ds, s.dtype)
+
+
+def backward_fake(grads, tensors, attrs, needs):
+    """dq and dk in the layout their output gradients come in (Hugging Face's attention gives them in its
+    transposed layout, the layout of q and k: no copy either way); contiguous cos and sin gradients."""
+    (gq, gk), (_, _, c, s) = grads, tensors
+    if not (needs[2] or needs[3]):
+        return torch.empty_like(gq), torch.empty_like(gk), None, None
+    return torch.empty_like(gq), torch.empty_like(gk), c.new_empty(c.shape), s.new_empty(s.shape)
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
@@ -157,5 +205,6 @@ def constraint(config: dict, key: Key) -> bool:
 CPU_POSITIONS = register_impl(Impl(
     op=ROPE, name="cpu_positions", backend="cpu", forward=forward, backward=backward, fake=fake, supports=supports,
     space={"threads": thread_choices(), "positions_per_task": POSITIONS},
-    default={"threads": max_threads(), "positions_per_task": 8}, constraint=constraint,
+    default={"threads": max_threads(), "positions_per_task": 8}, constraint=constraint, backward_fake=backward_fake,
+    reads={"q": ("cos", "sin"), "k": ("cos", "sin"), "cos": ("q", "k", "cos", "sin"), "sin": ("q", "k", "cos", "sin")},
 ))

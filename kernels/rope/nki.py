@@ -108,7 +108,7 @@ def forward(tensors, attrs, config):
     return qo.to(q.device), ko.to(k.device)
 
 
-def backward(grads, tensors, results, attrs, config):
+def backward(grads, tensors, results, attrs, config, needs):
     (gq, gk), (q, k, c, s) = grads, tensors
     out = run(rope_bwd, q.device)(gq, gk, q, k, c, s, config["rows_per_tile"])
     return tuple(o.to(q.device) for o in out)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import FLOATS, array, max_threads, out_of_range, require, rounded, thread_choices
+from .._cpu import FLOATS, array, empty, max_threads, out_of_range, require, rounded, thread_choices
 from .._indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
 from .op import SEGMENT_SUM, fake, shape_problem
 
@@ -20,17 +18,17 @@ def forward(tensors, attrs, config):
     bad = out_of_range(idx, n) if n * width else None  # index_add_ into nothing checks no index
     if bad is not None:  # the error index_add_ raises
         raise RuntimeError(f"index {bad} is out of bounds for dimension 0 with size {n}")
-    out = torch.empty((n, *src.shape[1:]), dtype=torch.float32)  # float32 sums, rounded once to a bfloat16 src's dtype
+    out = empty((n, *src.shape[1:]))  # float32 sums, rounded once to a bfloat16 src's dtype
     scatter_add(array(src).reshape(idx.size, width), idx, out.numpy().reshape(n, width), config["scatter"],
                 config["threads"])
     return (rounded(out, src.dtype),)
 
 
-def backward(grads, tensors, results, attrs, config):
-    (dy,), (src, index) = grads, tensors
+def backward(grads, tensors, results, attrs, config, needs):
+    (dy,), (_, index) = grads, tensors
     idx = array(index)
-    dsrc = torch.empty(src.shape, dtype=src.dtype)
-    width = math.prod(src.shape[1:])
+    dsrc = empty((idx.size, *dy.shape[1:]), dy.dtype)  # src's shape and dtype
+    width = math.prod(dy.shape[1:])
     gather(array(dy).reshape(dy.shape[0], width), idx, array(dsrc).reshape(idx.size, width), config["threads"])
     return (dsrc,)
 
@@ -46,5 +44,5 @@ def constraint(config: dict, key: Key) -> bool:
 CPU_SCATTER = register_impl(Impl(
     op=SEGMENT_SUM, name="cpu_scatter", backend="cpu", forward=forward, backward=backward, fake=fake,
     supports=supports, space={"threads": thread_choices(), "scatter": (SERIAL, BLOCKS, SORTED)},
-    default={"threads": max_threads(), "scatter": BLOCKS}, constraint=constraint,
+    default={"threads": max_threads(), "scatter": BLOCKS}, constraint=constraint, reads={"src": ("index",)},
 ))

@@ -40,7 +40,7 @@ def forward(tensors, attrs, config):
     return (out.to(src.dtype).reshape(n, *src.shape[1:]).to(src.device),)
 
 
-def backward(grads, tensors, results, attrs, config):
+def backward(grads, tensors, results, attrs, config, needs):
     (dy,), (src, index) = grads, tensors
     dsrc = run(segment_sum_bwd, src.device)(dy.reshape(dy.shape[0], -1), int32_column(index),
                                             config["rows_per_tile"])

@@ -14,7 +14,6 @@ float32 or bfloat16 (computed in float32; the bfloat16 output is what the backwa
 from __future__ import annotations
 
 import numpy as np
-import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
@@ -22,6 +21,7 @@ from .._cpu import (
     FLOATS,
     as_rows,
     cast_to,
+    empty_like,
     exp32,
     f32,
     finite32,
@@ -95,14 +95,14 @@ _backward = kernel(_backward_body)
 
 def forward(tensors, attrs, config):
     (x,) = tensors
-    y = torch.empty(x.shape, dtype=x.dtype)
+    y = empty_like(x)
     launch(_forward, config["threads"], as_rows(x), config["online"], as_rows(y))
     return (y,)
 
 
-def backward(grads, tensors, results, attrs, config):
+def backward(grads, tensors, results, attrs, config, needs):
     (dy,), (y,) = grads, results
-    dx = torch.empty(y.shape, dtype=y.dtype)
+    dx = empty_like(y)
     launch(_backward, config["threads"], as_rows(dy), as_rows(y), as_rows(dx))
     return (dx,)
 
@@ -126,5 +126,5 @@ def constraint(config: dict, key: Key) -> bool:
 CPU_ROWS = register_impl(Impl(
     op=SOFTMAX, name="cpu_rows", backend="cpu", forward=forward, backward=backward, fake=fake, supports=supports,
     space={"threads": thread_choices(), "online": (0, 1)},
-    default={"threads": max_threads(), "online": 0}, constraint=constraint,
+    default={"threads": max_threads(), "online": 0}, constraint=constraint, reads={"x": ("result_0",)},
 ))

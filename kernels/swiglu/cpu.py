@@ -10,11 +10,23 @@ nan land where they land in PyTorch.
 from __future__ import annotations
 
 import numpy as np
-import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import ELEMENTWISE, FLOATS, array, cast_to, exp32, f32, kernel, launch, max_threads, require, thread_choices
+from .._cpu import (
+    ELEMENTWISE,
+    FLOATS,
+    array,
+    cast_to,
+    empty_like,
+    exp32,
+    f32,
+    kernel,
+    launch,
+    max_threads,
+    require,
+    thread_choices,
+)
 from .op import SWIGLU, fake
 
 BLOCKS = (4096, 16384, 65536)
@@ -48,15 +60,16 @@ _backward = kernel(_backward_body, ELEMENTWISE)
 
 def forward(tensors, attrs, config):
     g, u = tensors
-    out = torch.empty(g.shape, dtype=g.dtype)
+    out = empty_like(g)
     launch(_forward, config["threads"], array(g).reshape(-1), array(u).reshape(-1), config["block"],
            array(out).reshape(-1))
     return (out,)
 
 
-def backward(grads, tensors, results, attrs, config):
+def backward(grads, tensors, results, attrs, config, needs):
     (dy,), (g, u) = grads, tensors
-    dg, du = torch.empty(g.shape, dtype=g.dtype), torch.empty(u.shape, dtype=u.dtype)
+    u = g if u is None else u  # only du (which reads g) is needed: dg is computed and dropped
+    dg, du = empty_like(g), empty_like(g)
     launch(_backward, config["threads"], array(dy).reshape(-1), array(g).reshape(-1), array(u).reshape(-1),
            config["block"], array(dg).reshape(-1), array(du).reshape(-1))
     return dg, du
@@ -81,4 +94,5 @@ CPU_FUSED = register_impl(Impl(
     op=SWIGLU, name="cpu_fused", backend="cpu", forward=forward, backward=backward, fake=fake, supports=supports,
     space={"threads": thread_choices(), "block": BLOCKS},
     default={"threads": max_threads(), "block": 16384}, constraint=constraint,
+    reads={"gate": ("gate", "up"), "up": ("gate",)},
 ))

@@ -69,7 +69,7 @@ def forward(tensors, attrs, config):
     return (out.reshape(g.shape).to(g.device),)
 
 
-def backward(grads, tensors, results, attrs, config):
+def backward(grads, tensors, results, attrs, config, needs):
     (dy,), (g, u) = grads, tensors
     dg, du = run(swiglu_bwd, g.device)(_rows(dy), _rows(g), _rows(u), config["rows_per_tile"], config["cols"])
     return dg.reshape(g.shape).to(g.device), du.reshape(u.shape).to(u.device)
