@@ -324,6 +324,10 @@ def cmd_verify(args, console: Console) -> int:
                       f"{lo:+.3f} to {hi:+.3f}", "[green]yes[/]" if row["kept"] else "[red]no[/]")
         console.print(e)
     console.print(("[red]" if r.slower else "[green]") + r.verdict + "[/]")
+    if r.ceiling and r.ceiling["speedup"]:
+        c = r.ceiling
+        console.print(f"the table's call sites take {c['compiler_ms']:.1f} ms of the {c['step_ms']:.1f} ms step under "
+                      f"the compiler: no table can make this step faster than {c['speedup']:.3f}x")
     if not r.numerics_ok:
         console.print(f"[red]numerics: a variant's loss or gradients differ from every kernel off by more than "
                       f"{args.tolerance:g}[/] (is STEP deterministic: same seeds, same data each call?)")

@@ -111,10 +111,32 @@ class Report:
     verdict: str
     slower: bool
     numerics_ok: bool
+    ceiling: dict[str, Any] | None = None
+    """What the table's call sites cost under the compiler and the speedup of a step whose kernels took no
+    time at all: the most any table can give this step."""
 
     def as_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("table", "variants", "speedups", "numerics", "entries", "verdict",
-                                              "slower", "numerics_ok")}
+                                              "slower", "numerics_ok", "ceiling")}
+
+
+def _calls(e: Entry) -> int:
+    return e.measured.get("calls_per_step", len(e.sites) or 1)
+
+
+def _us(e: Entry, field: str) -> float | None:
+    v = e.measured.get(field)
+    return v if isinstance(v, (int, float)) else None
+
+
+def ceiling(table: Table, off_ms: float) -> dict[str, Any] | None:
+    """Amdahl's bound from the compiler's measured time at every entry's call sites (None if none measured)."""
+    covered = [_calls(e) * us / 1e3 for e in table.entries if (us := _us(e, "compiler_us")) is not None]
+    if not covered:
+        return None
+    ms = sum(covered)
+    return {"compiler_ms": round(ms, 3), "step_ms": round(off_ms, 3),
+            "speedup": round(off_ms / (off_ms - ms), 4) if ms < off_ms else None}
 
 
 class Verifier:
@@ -197,10 +219,8 @@ class Verifier:
         for v in variants[3:]:
             e = self.table.entries[v.entry]
             saving, (lo, hi) = paired_difference(v.times, by["table"].times, seed=self.seed)
-            m = e.measured
-            predicted = None
-            if isinstance(m.get("compiler_us"), (int, float)) and isinstance(m.get("kernel_us"), (int, float)):
-                predicted = m.get("calls_per_step", len(e.sites) or 1) * (m["compiler_us"] - m["kernel_us"]) / 1e3
+            c, k = _us(e, "compiler_us"), _us(e, "kernel_us")
+            predicted = None if c is None or k is None else _calls(e) * (c - k) / 1e3
             entries.append({
                 "entry": v.entry, "key": e.key.label(), "impl": e.impl,
                 "predicted_ms": None if predicted is None else round(predicted, 3),
@@ -219,7 +239,8 @@ class Verifier:
             verdict = f"the table is not shown faster or slower than every kernel off: {t['speedup']:.3f}x " \
                       f"(95% CI {t['ci95'][0]:.3f}-{t['ci95'][1]:.3f})"
         numerics_ok = all(r.get("ok", False) for r in numerics.values())
-        return Report(self.path, out, speedups, numerics, entries, verdict, slower, numerics_ok)
+        return Report(self.path, out, speedups, numerics, entries, verdict, slower, numerics_ok,
+                      ceiling(self.table, out["off"]["ms_per_step"]))
 
     def pruned(self, report: Report) -> Table:
         """The table with every entry whose realized saving is not positive sent back to the compiler."""

@@ -13,8 +13,10 @@ right shape and dtype for each tensor not saved, and the impl's backward sees No
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,6 +31,20 @@ NAMESPACE = "nki_autotune"
 _AFTER_AUTOGRAD = _C._after_autograd_keyset
 _DEFINED: dict[str, LibraryOp] = {}
 """Every operator defined here, by qualified name (its library lives as long as the operator is used)."""
+_USER_TAG = torch.compiler.config.cache_key_tag
+_SOURCE = Path(__file__).read_bytes()
+
+
+def _tag_compile_caches() -> None:
+    """Put every defined schema, and this module's autograd rules, into torch.compile's cache keys.
+
+    A cached graph's backward was traced from these rules and calls the backward operators by their schema,
+    while its key holds only the forward graph: after an upgrade of the pack, a warm cache would otherwise
+    call an operator with the arguments of its old schema."""
+    h = hashlib.sha256(_SOURCE)
+    for name in sorted(_DEFINED):
+        h.update(f"{name}{_DEFINED[name].schema}".encode())
+    torch.compiler.config.cache_key_tag = f"{_USER_TAG}+{NAMESPACE}-{h.hexdigest()[:16]}"
 
 
 class LibraryOp:
@@ -39,12 +55,13 @@ class LibraryOp:
 
     def __init__(self, qualname: str, fn: Callable[..., Any], schema: str, dispatch_key: str) -> None:
         ns, self.name = qualname.split("::")
-        self.qualname = qualname
+        self.qualname, self.schema = qualname, schema
         self._lib = torch.library.Library(ns, "FRAGMENT")
         self._lib.define(self.name + schema, tags=(torch.Tag.pt2_compliant_tag,))
         self._lib.impl(self.name, fn, dispatch_key)
         self.op = getattr(getattr(torch.ops, ns), self.name).default
         _DEFINED[qualname] = self
+        _tag_compile_caches()
 
     def register_fake(self, fn: Callable[..., Any]) -> None:
         torch.library.register_fake(self.qualname, fn, lib=self._lib)

@@ -130,3 +130,15 @@ def test_rope_gradients_come_out_in_the_layout_their_output_gradients_come_in(la
         assert dq.stride() == gq.stride() and dk.stride() == gk.stride()
     else:
         assert dq.is_contiguous() and dk.is_contiguous()
+
+
+def test_every_defined_schema_enters_compile_cache_keys():
+    """A warm torch.compile cache holds backward graphs traced from the operators' schemas: a different
+    schema (a new version of an impl) must key a different cache entry."""
+    from nki_autotune.registry import customop
+
+    before = torch.compiler.config.cache_key_tag
+    assert before.startswith(f"{customop._USER_TAG}+nki_autotune-")
+    customop.define("nki_autotune::cache_tag_probe", lambda x: x.clone(), "(Tensor x) -> Tensor", "cpu")
+    after = torch.compiler.config.cache_key_tag
+    assert after != before and after.startswith(f"{customop._USER_TAG}+nki_autotune-")

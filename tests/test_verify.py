@@ -83,9 +83,12 @@ def test_verify_command(tmp_path):
     _, path = _table(tmp_path / "t.yaml")
     out, js = tmp_path / "pruned.yaml", tmp_path / "v.json"
     r = cli("verify", path, STEP, "--rounds", "3", "--warmup", "1", "--prune", "-o", str(out), "--json", str(js))
-    assert r.returncode in (0, 1), r.stderr  # 1 only when the table measured slower than every kernel off
+    assert r.returncode in (0, 1) and "failed:" not in r.stdout, r.stderr + r.stdout[-2000:]
+    # 1 only when the table measured slower than every kernel off
     data = json.loads(js.read_text())
     assert (r.returncode == 1) == data["slower"] and data["numerics_ok"]
+    assert data["ceiling"]["compiler_ms"] == 0.16  # two entries of 80 us, once per step
+    assert (data["ceiling"]["speedup"] is None) != ("no table can make this step faster than" in r.stdout)
     assert "speedup of table over off" in r.stdout and "each enabled entry switched off alone" in r.stdout
     pruned = load_table(out, None)
     kept = [e["kept"] for e in data["entries"]]
@@ -93,3 +96,19 @@ def test_verify_command(tmp_path):
     assert cli("verify", path, "nocolon").returncode == 2
     assert cli("verify", path, STEP, "--prune").returncode == 2
     torch._dynamo.reset()
+
+
+def test_ceiling_counts_every_entry_at_its_calls_per_step():
+    from nki_autotune.autotune.verify import ceiling
+
+    k = key_of("softmax", "training", [((4, 4), "float32")], {"dim": -1})
+    entries = [Entry(k, "cpu_rows", {"threads": 1, "online": 0}, ["a"],
+                     measured={"kernel_us": 1.0, "compiler_us": 2000.0, "calls_per_step": 5}, reason="faster"),
+               Entry(k, None, {}, ["b", "c"], measured={"compiler_us": 3000.0}, reason="slower"),
+               Entry(k, None, {}, ["d"], measured={}, reason="no kernel applies")]
+    c = ceiling(Table({}, entries), 100.0)  # 5 x 2 ms + 2 sites x 3 ms of a 100 ms step
+    assert c == {"compiler_ms": 16.0, "step_ms": 100.0, "speedup": round(100 / 84, 4)}
+    assert ceiling(Table({}, entries[2:]), 100.0) is None
+    assert ceiling(Table({}, entries), 10.0)["speedup"] is None  # measured apart, the sites outweigh the step
+    _, r = _report(90.0, 100.0, [1.0])
+    assert r.ceiling == {"compiler_ms": 0.002, "step_ms": 100.0, "speedup": round(100 / 99.998, 4)}
