@@ -112,8 +112,8 @@ class Report:
     slower: bool
     numerics_ok: bool
     ceiling: dict[str, Any] | None = None
-    """What the table's call sites cost under the compiler and the speedup of a step whose kernels took no
-    time at all: the most any table can give this step."""
+    """What the table's call sites cost under the compiler (each measured apart) and the speedup of a step whose
+    kernels took no time at all: about the most any table can give this step."""
 
     def as_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("table", "variants", "speedups", "numerics", "entries", "verdict",
@@ -130,7 +130,8 @@ def _us(e: Entry, field: str) -> float | None:
 
 
 def ceiling(table: Table, off_ms: float) -> dict[str, Any] | None:
-    """Amdahl's bound from the compiler's measured time at every entry's call sites (None if none measured)."""
+    """Amdahl's bound from the compiler's time at every entry's call sites, as the tuner measured them apart
+    (None if none was measured)."""
     covered = [_calls(e) * us / 1e3 for e in table.entries if (us := _us(e, "compiler_us")) is not None]
     if not covered:
         return None

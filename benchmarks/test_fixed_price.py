@@ -29,7 +29,7 @@ RMSNORM = get_op("rmsnorm")
 SHAPE = (8, 64)
 ROUNDS, CALLS = 60, 20
 TARGET_US = {"forward": 30.0, "forward+backward": 60.0}
-"""The issue's ceiling on a compiled region's fixed price (medians, on the project's 2-core machines)."""
+"""The most a compiled region's fixed price may be (medians, on the project's 2-core machines)."""
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:

@@ -257,12 +257,9 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.T
     return torch.empty(shape, dtype=dtype)
 
 
-def empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A new contiguous tensor of ``t``'s shape (and dtype, unless given): the cheapest allocation torch offers
-    for it."""
-    if dtype is None or dtype is t.dtype:
-        return torch.empty_like(t, memory_format=torch.contiguous_format)
-    return torch.empty_like(t, dtype=dtype, memory_format=torch.contiguous_format)
+def empty_like(t: torch.Tensor) -> torch.Tensor:
+    """A new contiguous tensor of ``t``'s shape and dtype, whatever ``t``'s layout."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
 def rounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

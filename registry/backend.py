@@ -37,9 +37,10 @@ class Backend(Protocol):
     def fingerprint(self) -> dict[str, Any]:
         """What changes compiled code or timings: a table from elsewhere does not apply."""
 
-    def custom_op(self, name: str, fn: Callable[..., Any], schema: str) -> Any:
-        """Register ``fn`` as the operator ``name`` with ``schema``; returns an object with
-        ``register_fake`` and ``register_autograd`` (a ``torch.library.custom_op``)."""
+    def custom_op(self, name: str, fn: Callable[..., Any], schema: str, overload: str = "default") -> Any:
+        """Register ``fn`` as the operator ``name`` (overload ``overload``, where the backend names overloads)
+        with ``schema``; returns an object with ``register_fake`` and ``register_autograd`` (a
+        ``torch.library.custom_op``)."""
 
 
 _BACKENDS: dict[str, Backend] = {}

@@ -47,8 +47,8 @@ class CpuBackend:
     def compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         return torch.compile(fn, backend="inductor", fullgraph=True, dynamic=False)
 
-    def custom_op(self, name: str, fn: Callable[..., Any], schema: str) -> Any:
-        return define(name, fn, schema, "cpu")
+    def custom_op(self, name: str, fn: Callable[..., Any], schema: str, overload: str = "default") -> Any:
+        return define(name, fn, schema, "cpu", overload)
 
     def fingerprint(self) -> dict[str, Any]:
         import numba

@@ -31,20 +31,20 @@ NAMESPACE = "nki_autotune"
 _AFTER_AUTOGRAD = _C._after_autograd_keyset
 _DEFINED: dict[str, LibraryOp] = {}
 """Every operator defined here, by qualified name (its library lives as long as the operator is used)."""
-_USER_TAG = torch.compiler.config.cache_key_tag
 _SOURCE = Path(__file__).read_bytes()
 
 
-def _tag_compile_caches() -> None:
-    """Put every defined schema, and this module's autograd rules, into torch.compile's cache keys.
+def version(impl: Impl) -> str:
+    """The overload name of ``impl``'s operators: a hash of everything a compiled graph bakes in from them.
 
-    A cached graph's backward was traced from these rules and calls the backward operators by their schema,
-    while its key holds only the forward graph: after an upgrade of the pack, a warm cache would otherwise
-    call an operator with the arguments of its old schema."""
+    torch.compile caches a graph's backward under the key of its forward graph, which names the forward operator
+    and its arguments only; the backward it traced (this module's autograd rules, the backward's schema, what is
+    saved per ``Impl.reads``, the layouts of ``backward_fake``, the kernel's source) must change that name, or a
+    warm cache from another version of the impl would call the new kernel with what the old one read."""
     h = hashlib.sha256(_SOURCE)
-    for name in sorted(_DEFINED):
-        h.update(f"{name}{_DEFINED[name].schema}".encode())
-    torch.compiler.config.cache_key_tag = f"{_USER_TAG}+{NAMESPACE}-{h.hexdigest()[:16]}"
+    reads = None if impl.reads is None else sorted((k, tuple(v)) for k, v in impl.reads.items())
+    h.update(repr((impl.source_hash, impl.schema(), impl.backward_schema(), reads, impl.saved)).encode())
+    return "v" + h.hexdigest()[:12]
 
 
 class LibraryOp:
@@ -53,18 +53,34 @@ class LibraryOp:
     the wrappers that op adds around every call (a dynamo-disable frame, an aliasing check, a second Python
     kernel at the autograd key). ``op`` is the ``OpOverload`` to call."""
 
-    def __init__(self, qualname: str, fn: Callable[..., Any], schema: str, dispatch_key: str) -> None:
-        ns, self.name = qualname.split("::")
-        self.qualname, self.schema = qualname, schema
+    def __init__(self, qualname: str, fn: Callable[..., Any], schema: str, dispatch_key: str,
+                 overload: str = "default") -> None:
+        ns, name = qualname.split("::")
+        self.name = name if overload == "default" else f"{name}.{overload}"
+        self.qualname = f"{ns}::{self.name}"
         self._lib = torch.library.Library(ns, "FRAGMENT")
         self._lib.define(self.name + schema, tags=(torch.Tag.pt2_compliant_tag,))
         self._lib.impl(self.name, fn, dispatch_key)
-        self.op = getattr(getattr(torch.ops, ns), self.name).default
-        _DEFINED[qualname] = self
-        _tag_compile_caches()
+        self.op = getattr(getattr(getattr(torch.ops, ns), name), overload)
+        _DEFINED[self.qualname] = self
 
     def register_fake(self, fn: Callable[..., Any]) -> None:
         torch.library.register_fake(self.qualname, fn, lib=self._lib)
+
+    def no_gradient(self) -> None:
+        """An autograd kernel that refuses to record this operator (a backward's own gradient, asked for by
+        ``create_graph=True``) rather than let PyTorch's fallback return gradients of zero with a warning."""
+        op = self.op
+
+        def autograd_kernel(keyset, *args):
+            if _C.is_grad_enabled() and _C._any_requires_grad(*args):
+                raise RuntimeError(f"{self.qualname} has no gradient of its own (a double backward, e.g. "
+                                   "create_graph=True); switch the op's kernels off with NKI_AUTOTUNE_KERNEL_<OP>=off "
+                                   "for this computation")
+            with _C._AutoDispatchBelowAutograd():
+                return op.redispatch(keyset & _AFTER_AUTOGRAD, *args)
+
+        self._lib.impl(self.name, autograd_kernel, "Autograd", with_keyset=True)
 
     def register_autograd(self, backward: Callable[..., Any], *, setup_context: Callable[..., Any]) -> None:
         """``backward(ctx, *grads)`` and ``setup_context(ctx, inputs, output)`` as in ``torch.library``.
@@ -91,9 +107,11 @@ class LibraryOp:
         self._lib.impl(self.name, autograd_kernel, "Autograd", with_keyset=True)
 
 
-def define(qualname: str, fn: Callable[..., Any], schema: str, device_type: str) -> LibraryOp:
-    """The operator ``qualname`` with ``schema``, running ``fn`` on tensors of ``device_type`` (e.g. ``cpu``)."""
-    return LibraryOp(qualname, fn, schema, _C._dispatch_key_for_device(device_type))
+def define(qualname: str, fn: Callable[..., Any], schema: str, device_type: str,
+           overload: str = "default") -> LibraryOp:
+    """The operator ``qualname.overload`` with ``schema``, running ``fn`` on tensors of ``device_type`` (e.g.
+    ``cpu``)."""
+    return LibraryOp(qualname, fn, schema, _C._dispatch_key_for_device(device_type), overload)
 
 
 def callable_op(defined: Any) -> Any:
@@ -114,7 +132,10 @@ def _reference_backward(impl: Impl, grads: tuple, tensors: tuple, attrs: dict) -
         return out if isinstance(out, tuple) else (out,)
 
     _, vjp = torch.func.vjp(f, *(tensors[i] for i in diff))
-    return tuple(g.contiguous() for g in vjp(tuple(grads)))
+    # the operator's schema promises new tensors: a gradient that passes an input through (x + y) is copied
+    taken = {t.untyped_storage().data_ptr() for t in (*grads, *tensors) if t is not None}
+    return tuple(g.clone(memory_format=torch.contiguous_format) if g.untyped_storage().data_ptr() in taken
+                 else g.contiguous() for g in vjp(tuple(grads)))
 
 
 def stand_in(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -152,7 +173,8 @@ def build(impl: Impl) -> None:
         res = tuple(impl.fake(args[:nt], attrs))
         return res[0] if n_res == 1 else res
 
-    fwd = backend.custom_op(f"{NAMESPACE}::{impl.op_name}", forward, impl.schema())
+    overload = version(impl)
+    fwd = backend.custom_op(f"{NAMESPACE}::{impl.op_name}", forward, impl.schema(), overload)
     fwd.register_fake(fake)
 
     def backward_kernel(*args):
@@ -181,8 +203,11 @@ def build(impl: Impl) -> None:
 
     bwd = None
     if diff:
-        bwd_def = backend.custom_op(f"{NAMESPACE}::{impl.op_name}_backward", backward_kernel, impl.backward_schema())
+        bwd_def = backend.custom_op(f"{NAMESPACE}::{impl.op_name}_backward", backward_kernel, impl.backward_schema(),
+                                    overload)
         bwd_def.register_fake(backward_fake)
+        if isinstance(bwd_def, LibraryOp):
+            bwd_def.no_gradient()
         bwd = callable_op(bwd_def)
 
         def setup_context(ctx, inputs, output):

@@ -162,10 +162,11 @@ class NeuronBackend:
     def compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         return torch.compile(fn, backend="neuron", fullgraph=True, dynamic=False)
 
-    def custom_op(self, name: str, fn: Callable[..., Any], schema: str) -> Any:
+    def custom_op(self, name: str, fn: Callable[..., Any], schema: str, overload: str = "default") -> Any:
         """``torch_neuronx.nki_op`` where TorchNeuron provides it (the body launches kernels through ``wrap_nki``:
         see ``kernels.nki.launch``); elsewhere ``torch.library.custom_op`` for every device, so the kernels also run
-        on CPU tensors, through the NKI simulation (numerics only)."""
+        on CPU tensors, through the NKI simulation (numerics only). Neither names overloads, so ``overload`` is
+        not used: the cache it keys (torch.compile's autograd cache) holds Inductor's graphs only."""
         nki_op = torchneuron("nki_op")
         if nki_op is None:
             return torch.library.custom_op(name, fn, mutates_args=(), schema=schema)

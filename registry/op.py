@@ -95,6 +95,10 @@ class Impl:
                 if unknown:
                     raise ValueError(f"impl {self.qualname}: reads[{grad!r}] names {sorted(unknown)}; use tensor "
                                      f"names {list(self.op.tensors)} or {sorted(results)}")
+            missing = [n for n in self.op.differentiable if n not in self.reads]
+            if missing:
+                raise ValueError(f"impl {self.qualname}: reads must name what the gradient of every differentiable "
+                                 f"input reads (an empty tuple for none); missing {missing}")
             if self.backward is None:
                 raise ValueError(f"impl {self.qualname}: reads needs a backward kernel (the reference's gradient "
                                  "reads every tensor)")

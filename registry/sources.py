@@ -49,7 +49,8 @@ def family(module: str) -> str:
     return ".".join(parts[:2]) if len(parts) > 2 else parts[0]
 
 
-def _imports(module: str, path: Path) -> set[str]:
+@cache
+def _imports(module: str, path: Path) -> frozenset[str]:
     """Absolute names of the modules ``module``'s file imports (relative imports resolved)."""
     tree = ast.parse(path.read_text(), str(path))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -66,7 +67,7 @@ def _imports(module: str, path: Path) -> set[str]:
                 root = node.module or ""
             out.add(root)
             out.update(f"{root}.{a.name}" for a in node.names)  # `from . import helpers` names a module
-    return out
+    return frozenset(out)
 
 
 def source_modules(module: str) -> list[str]:
@@ -86,8 +87,10 @@ def source_modules(module: str) -> list[str]:
     return sorted(seen)
 
 
+@cache
 def source_hash(module: str) -> str | None:
-    """Hash of ``module``'s source (see ``source_modules``); None when its file cannot be found."""
+    """Hash of ``module``'s source (see ``source_modules``) as this process found it; None when its file cannot be
+    found."""
     names = source_modules(module)
     if not names:
         return None

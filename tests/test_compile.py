@@ -10,14 +10,14 @@ from torch._dynamo.utils import counters
 from torch._functorch.aot_autograd import make_boxed_func
 
 import nki_autotune.kernels as nk
-from nki_autotune.registry import Entry
+from nki_autotune.registry import Entry, get_op
 
 from .conftest import rmsnorm_key
 from .helpers import rel_err
 
 KERNEL_AT, COMPILER_AT = (16, 64), (24, 64)
-FWD = "nki_autotune.rmsnorm_cpu_rows.default"
-BWD = "nki_autotune.rmsnorm_cpu_rows_backward.default"
+_IMPL = get_op("rmsnorm").impls["cpu_rows"]
+FWD, BWD = str(_IMPL.fwd_op), str(_IMPL.bwd_op)
 
 
 class Graphs:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import nki_autotune.kernels as nk
-from nki_autotune.registry import get_op
+from nki_autotune.registry import Impl, Op, get_op, register_impl, register_op, scope
 
 from .helpers import as64, rel_err
 
@@ -132,13 +132,62 @@ def test_rope_gradients_come_out_in_the_layout_their_output_gradients_come_in(la
         assert dq.is_contiguous() and dk.is_contiguous()
 
 
-def test_every_defined_schema_enters_compile_cache_keys():
-    """A warm torch.compile cache holds backward graphs traced from the operators' schemas: a different
-    schema (a new version of an impl) must key a different cache entry."""
+def test_operators_are_named_by_what_compiled_graphs_bake_in():
+    """torch.compile caches a graph's backward under its forward graph's key: the forward operator's name must
+    change with anything of the impl's backward, or a warm cache from another version calls the new kernel
+    with what the old one read."""
+    from dataclasses import replace
+
     from nki_autotune.registry import customop
 
-    before = torch.compiler.config.cache_key_tag
-    assert before.startswith(f"{customop._USER_TAG}+nki_autotune-")
-    customop.define("nki_autotune::cache_tag_probe", lambda x: x.clone(), "(Tensor x) -> Tensor", "cpu")
-    after = torch.compiler.config.cache_key_tag
-    assert after != before and after.startswith(f"{customop._USER_TAG}+nki_autotune-")
+    impl = get_op("swiglu").impls["cpu_fused"]
+    v = customop.version(impl)
+    assert impl.fwd_op._overloadname == impl.bwd_op._overloadname == v
+    assert str(impl.fwd_op) == f"nki_autotune.swiglu_cpu_fused.{v}"
+    assert torch.ops.nki_autotune.swiglu_cpu_fused is impl.fwd_op.overloadpacket
+    other = replace(impl, reads={"gate": ("gate", "up"), "up": ("gate", "up")})  # not registered: only hashed
+    assert customop.version(other) != v
+    assert customop.version(replace(impl, saved=1)) != v
+
+
+def test_reads_must_name_every_differentiable_input():
+    from dataclasses import replace
+
+    impl = get_op("swiglu").impls["cpu_fused"]
+    with pytest.raises(ValueError, match=r"reads must name .* missing \['up'\]"):
+        replace(impl, reads={"gate": ("gate", "up")})
+
+
+def test_double_backward_is_refused_not_zero():
+    """A kernel's backward has no gradient of its own: create_graph=True must fail, not give zeros."""
+    g = torch.randn(4, 8, requires_grad=True)
+    u = torch.randn(4, 8, requires_grad=True)
+    with scope(NKI_AUTOTUNE_KERNELS="on"):
+        y = nk.swiglu(g, u)
+        (dg,) = torch.autograd.grad(y.sum(), g, create_graph=False)  # a first-order gradient still works
+        torch.testing.assert_close(dg, torch.autograd.grad(get_op("swiglu").reference(g, u).sum(), g)[0])
+        y = nk.swiglu(g, u)
+        with pytest.raises(RuntimeError, match="has no gradient of its own"):
+            torch.autograd.grad(y.sum(), g, create_graph=True)
+
+
+def _add(x, y):
+    return x + y
+
+
+ADD = register_op(Op(name="saved_alias_probe", reference=_add, tensors=("x", "y"), differentiable=("x", "y")))
+register_impl(Impl(op=ADD, name="cpu_add", backend="cpu", supports=lambda specs, attrs: None,
+                   forward=lambda tensors, attrs, config: (tensors[0] + tensors[1],),
+                   fake=lambda tensors, attrs: (torch.empty_like(tensors[0]),)))
+
+
+def test_reference_gradients_are_new_tensors():
+    """The backward operator's schema promises new tensors; the reference's gradient of x + y is the output
+    gradient itself, twice."""
+    x, y = torch.randn(3, 5, requires_grad=True), torch.randn(3, 5, requires_grad=True)
+    out = ADD.impls["cpu_add"].fwd_op(x, y)
+    seed = torch.randn(3, 5)
+    dx, dy = torch.autograd.grad(out, (x, y), seed)
+    ptrs = {t.untyped_storage().data_ptr() for t in (seed, dx, dy, x, y)}
+    assert len(ptrs) == 5
+    torch.testing.assert_close(dx, seed) and torch.testing.assert_close(dy, seed)
