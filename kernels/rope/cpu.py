@@ -112,12 +112,18 @@ def _accumulate(x, xt, g, gt, b, cb, heads, p, half, dc, ds):
             dsr[j + half] += f32(gr[j + half]) * f32(xr[j])
 
 
-def _backward_body(gq, gqt, gk, gkt, q, qt, k, kt, c, s, grain, dq, dk, dc, ds):
+@inline
+def _grad_dims(gq, gqt, gk, gkt, c, grain):
+    """(batches, q heads, k heads, positions, dim, cos/sin batches, tasks) of a backward."""
     nb, hq, ns, d = _heads_of(gq, gqt)
     nbc = c.shape[0]
-    hk = _heads_of(gk, gkt)[1]
+    return nb, hq, _heads_of(gk, gkt)[1], ns, d, nbc, nbc * ((ns + grain - 1) // grain)
+
+
+def _backward_body(gq, gqt, gk, gkt, q, qt, k, kt, c, s, grain, dq, dk, dc, ds):
+    nb, hq, hk, ns, d, nbc, tasks = _grad_dims(gq, gqt, gk, gkt, c, grain)
     half = d // 2
-    for t in prange(nbc * ((ns + grain - 1) // grain)):
+    for t in prange(tasks):
         b0, b1, cb, p0, p1 = _task(t, nbc, nb, ns, grain)
         for p in range(p0, p1):
             for j in range(d):
@@ -131,11 +137,9 @@ def _backward_body(gq, gqt, gk, gkt, q, qt, k, kt, c, s, grain, dq, dk, dc, ds):
 
 
 def _backward_qk_body(gq, gqt, gk, gkt, c, s, grain, dq, dk):
-    nb, hq, ns, d = _heads_of(gq, gqt)
-    nbc = c.shape[0]
-    hk = _heads_of(gk, gkt)[1]
+    nb, hq, hk, ns, d, nbc, tasks = _grad_dims(gq, gqt, gk, gkt, c, grain)
     half = d // 2
-    for t in prange(nbc * ((ns + grain - 1) // grain)):
+    for t in prange(tasks):
         b0, b1, cb, p0, p1 = _task(t, nbc, nb, ns, grain)
         for b in range(b0, b1):
             for p in range(p0, p1):
