@@ -47,6 +47,12 @@ def version(impl: Impl) -> str:
     return "v" + h.hexdigest()[:12]
 
 
+def _below_autograd(op: Any, keyset: Any, args: tuple) -> Any:
+    """``op`` on ``args`` with nothing recorded for autograd."""
+    with _C._AutoDispatchBelowAutograd():
+        return op.redispatch(keyset & _AFTER_AUTOGRAD, *args)
+
+
 class LibraryOp:
     """An operator defined through ``torch.library.Library``: the schema, one kernel for one dispatch key,
     and (through ``register_fake`` and ``register_autograd``) what ``torch.library.custom_op`` offers, without
@@ -77,8 +83,7 @@ class LibraryOp:
                 raise RuntimeError(f"{self.qualname} has no gradient of its own (a double backward, e.g. "
                                    "create_graph=True); switch the op's kernels off with NKI_AUTOTUNE_KERNEL_<OP>=off "
                                    "for this computation")
-            with _C._AutoDispatchBelowAutograd():
-                return op.redispatch(keyset & _AFTER_AUTOGRAD, *args)
+            return _below_autograd(op, keyset, args)
 
         self._lib.impl(self.name, autograd_kernel, "Autograd", with_keyset=True)
 
@@ -101,8 +106,7 @@ class LibraryOp:
         def autograd_kernel(keyset, *args):
             if _C.is_grad_enabled() and _C._any_requires_grad(*args):
                 return fn.apply(*args)
-            with _C._AutoDispatchBelowAutograd():
-                return op.redispatch(keyset & _AFTER_AUTOGRAD, *args)
+            return _below_autograd(op, keyset, args)
 
         self._lib.impl(self.name, autograd_kernel, "Autograd", with_keyset=True)
 
@@ -132,10 +136,16 @@ def _reference_backward(impl: Impl, grads: tuple, tensors: tuple, attrs: dict) -
         return out if isinstance(out, tuple) else (out,)
 
     _, vjp = torch.func.vjp(f, *(tensors[i] for i in diff))
-    # the operator's schema promises new tensors: a gradient that passes an input through (x + y) is copied
+    # the operator's schema promises new tensors, none shared: a gradient that passes an input through (x + y),
+    # or is another input's gradient too, is copied
     taken = {t.untyped_storage().data_ptr() for t in (*grads, *tensors) if t is not None}
-    return tuple(g.clone(memory_format=torch.contiguous_format) if g.untyped_storage().data_ptr() in taken
-                 else g.contiguous() for g in vjp(tuple(grads)))
+    out = []
+    for g in vjp(tuple(grads)):
+        g = g.clone(memory_format=torch.contiguous_format) if g.untyped_storage().data_ptr() in taken \
+            else g.contiguous()
+        taken.add(g.untyped_storage().data_ptr())
+        out.append(g)
+    return tuple(out)
 
 
 def stand_in(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
