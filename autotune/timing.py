@@ -109,9 +109,7 @@ class Workload:
             if self.training:
                 leaves = [t for t in flat if t.requires_grad]
                 if i % len(inputs) not in seeds:
-                    g = torch.Generator().manual_seed(self.seed + 7)
-                    seeds[i % len(inputs)] = tuple(
-                        torch.randn(o.shape, generator=g, dtype=o.dtype).to(o.device) for o in outs)
+                    seeds[i % len(inputs)] = output_gradients(outs, self.seed + 7)
                 torch.autograd.grad(outs, leaves, seeds[i % len(inputs)])
 
         t0 = time.perf_counter()
@@ -160,6 +158,14 @@ class Workload:
             return tuple(acc * (j + 1) for j in range(n_out))
 
         return self._region("empty", body, inputs)
+
+
+def output_gradients(outs: Sequence[torch.Tensor], seed: int) -> tuple[torch.Tensor, ...]:
+    """Random gradients for a region's outputs, each in its output's layout, as a gradient from later in the same
+    graph would be: a gradient in another layout is copied by the compiled backward, a cost of the harness charged
+    to whichever side returns non-contiguous outputs."""
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.empty_like(o).copy_(torch.randn(o.shape, generator=g, dtype=o.dtype)) for o in outs)
 
 
 @dataclass

@@ -132,6 +132,21 @@ def test_rope_gradients_come_out_in_the_layout_their_output_gradients_come_in(la
         assert dq.is_contiguous() and dk.is_contiguous()
 
 
+@pytest.mark.parametrize("hf", [True, False])
+def test_rope_outputs_keep_the_layout_of_their_inputs(hf):
+    """A transposed q/k view is rotated into a tensor of the same layout, as PyTorch's element-wise ops keep it:
+    read and written in one memory order, and no copy for the attention that reads it. The fake says so too."""
+    impl = get_op("rope").impls["cpu_positions"]
+    gen = torch.Generator().manual_seed(RNG.randrange(2**31))
+    q, k, cos, sin = _rope_inputs(gen, hf=hf, cos_batch=RNG.choice([1, 2]))
+    for grain in (1, 8):
+        qo, ko = impl.fwd_op(q, k, cos, sin, RNG.choice([1, 2]), grain)
+        rq, rk = get_op("rope").reference(*as64((q, k, cos, sin)))
+        assert qo.stride() == q.stride() and ko.stride() == k.stride()
+        assert rel_err(qo, rq) < 1e-6 and rel_err(ko, rk) < 1e-6
+    torch.library.opcheck(impl.fwd_op, (q.requires_grad_(), k.requires_grad_(), cos, sin, 2, 8))
+
+
 def test_operators_are_named_by_what_compiled_graphs_bake_in():
     """torch.compile caches a graph's backward under its forward graph's key: the forward operator's name must
     change with anything of the impl's backward, or a warm cache from another version calls the new kernel

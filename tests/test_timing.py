@@ -9,7 +9,7 @@ import torch
 
 from nki_autotune.autotune.calibration import Calibration
 from nki_autotune.autotune.numerics import compare
-from nki_autotune.autotune.timing import Clock, Runner, Workload, choose_calls, interleave
+from nki_autotune.autotune.timing import Clock, Runner, Workload, choose_calls, interleave, output_gradients
 from nki_autotune.registry import Key, Profile, Site, TensorSpec, get_op
 
 from .fakes import EagerCpu, FakeClock, QuietMeter, fast_when, site, tuner
@@ -154,3 +154,14 @@ def test_site_with_frozen_weight_and_no_grad_site_make_their_own_keys():
     keys = list(prof.keys(ops))
     assert [k.mode for k in keys] == ["training", "training", "inference"]
     assert [k.grads for k in keys] == [(0, 1), (0,), ()]
+
+
+def test_output_gradients_come_in_the_layout_of_their_outputs():
+    """A region returning a transposed view (RoPE on Hugging Face's q/k, the compiler's or a kernel's) gets its
+    gradient in that layout: otherwise the compiled backward copies it first and that side is timed slower."""
+    hf = torch.randn(2, 5, 3, 4).transpose(1, 2)
+    plain = torch.randn(3, 7)
+    g_hf, g_plain = output_gradients((hf, plain), seed=1)
+    assert g_hf.stride() == hf.stride() and g_plain.stride() == plain.stride()
+    assert g_hf.shape == hf.shape and g_hf.std() > 0.5
+    assert torch.equal(output_gradients((hf, plain), seed=1)[0], g_hf)  # the same seeds every round

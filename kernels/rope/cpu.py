@@ -5,7 +5,10 @@ Each task owns whole positions, so it also owns their rows of the cos and sin gr
 Face passes without position_ids), a task owns its positions in every batch, whose gradients it sums too.
 ``positions_per_task`` sets the grain. q and k are read in place in any layout: contiguous, or Hugging Face's
 transposed views (``x.view(b, s, h, d).transpose(1, 2)``) as their [b, s, h, d] memory, both at full speed,
-any other through its strides. float32 or bfloat16, computed in float32.
+any other through its strides. The outputs keep their input's layout where it is dense (a transposed view stays
+transposed, as PyTorch's element-wise ops keep it), and every array is walked in its memory order: a task's rows
+then stream, where a walk across the layout touches as many cache lines at a time as it has rows.
+float32 or bfloat16, computed in float32.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from .._cpu import (
     rounded,
     thread_choices,
 )
-from .op import ROPE, fake, shape_problem
+from .op import ROPE, shape_problem
 
 POSITIONS = (1, 8, 64)
 
@@ -51,15 +54,34 @@ def _heads_of(x, xt):
 
 
 @inline
-def _rotate(x, xt, c, s, b, cb, heads, p, half, out):
-    """out = x * cos + rot(x) * sin for every head at (b, p); cos and sin of batch cb."""
-    cr, sr = c[cb, p], s[cb, p]
-    for h in range(heads):
-        xr, orow = _row(x, xt, b, h, p), out[b, h, p]
-        for j in range(half):  # fused where a factor is a cos (in [-1, 1]: its product cannot overflow alone)
-            a, z = f32(xr[j]), f32(xr[j + half])
-            orow[j] = cast_to(orow, fma32(a, f32(cr[j]), -(z * f32(sr[j]))))
-            orow[j + half] = cast_to(orow, fma32(z, f32(cr[j + half]), a * f32(sr[j + half])))
+def _walk(bshd, heads, p0, p1, u, v):
+    """(head, position) of step (u, v) of a walk over ``heads`` x [p0, p1) in memory order: a position's heads are
+    adjacent in [b, s, h, d] (``bshd``), a head's positions in [b, h, s, d]. Rows read in memory order stream;
+    a walk across the other way touches a row every seq x dim (or heads x dim) floats, as many streams as rows."""
+    return (v, p0 + u) if bshd else (u, p0 + v)
+
+
+@inline
+def _extent(bshd, heads, p0, p1):
+    return (p1 - p0, heads) if bshd else (heads, p1 - p0)
+
+
+@inline
+def _rotate(x, xt, c, s, b, cb, heads, p0, p1, half, out, ot):
+    """out = x * cos + rot(x) * sin for every head at positions [p0, p1) of batch b; cos and sin of batch cb.
+    Walked in the output's memory order."""
+    nu, nv = _extent(ot, heads, p0, p1)
+    for u in range(nu):
+        for v in range(nv):
+            h, p = _walk(ot, heads, p0, p1, u, v)
+            xr, orow, cr, sr = _row(x, xt, b, h, p), _row(out, ot, b, h, p), c[cb, p], s[cb, p]
+            # fused where a factor is a cos (in [-1, 1]: its product cannot overflow alone); a loop per half
+            # of the row, each writing one range, vectorises (two writes in one loop need an overlap check)
+            for j in range(half):
+                orow[j] = cast_to(orow, fma32(f32(xr[j]), f32(cr[j]), -(f32(xr[j + half]) * f32(sr[j]))))
+            for j in range(half):
+                orow[j + half] = cast_to(orow, fma32(f32(xr[j + half]), f32(cr[j + half]),
+                                                     f32(xr[j]) * f32(sr[j + half])))
 
 
 @inline
@@ -72,44 +94,49 @@ def _task(t, nbc, nb, ns, grain):
     return b0, b1, cb, p0, min(ns, p0 + grain)
 
 
-def _forward_body(q, qt, k, kt, c, s, grain, qo, ko):
-    nb, hq, ns, d = qo.shape
+def _forward_body(q, qt, k, kt, c, s, grain, qo, qot, ko, kot):
+    nb, hq, ns, _ = _heads_of(qo, qot)
     nbc = c.shape[0]
-    hk = ko.shape[1]
-    half = d // 2
+    hk = _heads_of(ko, kot)[1]
+    half = qo.shape[3] // 2
     for t in prange(nbc * ((ns + grain - 1) // grain)):
         b0, b1, cb, p0, p1 = _task(t, nbc, nb, ns, grain)
         for b in range(b0, b1):
-            for p in range(p0, p1):
-                _rotate(q, qt, c, s, b, cb, hq, p, half, qo)
-                _rotate(k, kt, c, s, b, cb, hk, p, half, ko)
+            _rotate(q, qt, c, s, b, cb, hq, p0, p1, half, qo, qot)
+            _rotate(k, kt, c, s, b, cb, hk, p0, p1, half, ko, kot)
 
 
 @inline
-def _unrotate(g, gt, c, s, b, cb, heads, p, half, dx):
-    """dx = the rotation of g by -angle, for every head at (b, p); g and dx in one layout (``gt`` as ``_row``)."""
-    cr, sr = c[cb, p], s[cb, p]
-    for h in range(heads):
-        gr, dr = _row(g, gt, b, h, p), _row(dx, gt, b, h, p)
-        for j in range(half):
-            ga, gz = f32(gr[j]), f32(gr[j + half])
-            dr[j] = cast_to(dr, fma32(ga, f32(cr[j]), gz * f32(sr[j + half])))
-            dr[j + half] = cast_to(dr, fma32(gz, f32(cr[j + half]), -(ga * f32(sr[j]))))
+def _unrotate(g, gt, c, s, b, cb, heads, p0, p1, half, dx):
+    """dx = the rotation of g by -angle, for every head at positions [p0, p1) of batch b; g and dx in one
+    layout (``gt`` as ``_row``), walked in its memory order."""
+    nu, nv = _extent(gt, heads, p0, p1)
+    for u in range(nu):
+        for v in range(nv):
+            h, p = _walk(gt, heads, p0, p1, u, v)
+            gr, dr, cr, sr = _row(g, gt, b, h, p), _row(dx, gt, b, h, p), c[cb, p], s[cb, p]
+            for j in range(half):  # a loop per half, as in _rotate
+                dr[j] = cast_to(dr, fma32(f32(gr[j]), f32(cr[j]), f32(gr[j + half]) * f32(sr[j + half])))
+            for j in range(half):
+                dr[j + half] = cast_to(dr, fma32(f32(gr[j + half]), f32(cr[j + half]), -(f32(gr[j]) * f32(sr[j]))))
 
 
 @inline
-def _accumulate(x, xt, g, gt, b, cb, heads, p, half, dc, ds):
-    """dcos += g * x and dsin += g * rot(x) at (b, p), summed over heads: loops of one output each, which
-    vectorise (several outputs in one loop would each need a run-time overlap check)."""
-    dcr, dsr = dc[cb, p], ds[cb, p]
-    for h in range(heads):
-        xr, gr = _row(x, xt, b, h, p), _row(g, gt, b, h, p)
-        for j in range(2 * half):
-            dcr[j] += f32(gr[j]) * f32(xr[j])
-        for j in range(half):
-            dsr[j] -= f32(gr[j]) * f32(xr[j + half])
-        for j in range(half):
-            dsr[j + half] += f32(gr[j + half]) * f32(xr[j])
+def _accumulate(x, xt, g, gt, b, cb, heads, p0, p1, half, dc, ds):
+    """dcos += g * x and dsin += g * rot(x) at positions [p0, p1) of batch b, summed over heads, walked in g's
+    memory order: loops of one output each, which vectorise (several outputs in one loop would each need a
+    run-time overlap check)."""
+    nu, nv = _extent(gt, heads, p0, p1)
+    for u in range(nu):
+        for v in range(nv):
+            h, p = _walk(gt, heads, p0, p1, u, v)
+            xr, gr, dcr, dsr = _row(x, xt, b, h, p), _row(g, gt, b, h, p), dc[cb, p], ds[cb, p]
+            for j in range(2 * half):
+                dcr[j] += f32(gr[j]) * f32(xr[j])
+            for j in range(half):
+                dsr[j] -= f32(gr[j]) * f32(xr[j + half])
+            for j in range(half):
+                dsr[j + half] += f32(gr[j + half]) * f32(xr[j])
 
 
 @inline
@@ -129,11 +156,11 @@ def _backward_body(gq, gqt, gk, gkt, q, qt, k, kt, c, s, grain, dq, dk, dc, ds):
             for j in range(d):
                 dc[cb, p, j] = 0.0
                 ds[cb, p, j] = 0.0
-            for b in range(b0, b1):
-                _unrotate(gq, gqt, c, s, b, cb, hq, p, half, dq)
-                _unrotate(gk, gkt, c, s, b, cb, hk, p, half, dk)
-                _accumulate(q, qt, gq, gqt, b, cb, hq, p, half, dc, ds)
-                _accumulate(k, kt, gk, gkt, b, cb, hk, p, half, dc, ds)
+        for b in range(b0, b1):
+            _unrotate(gq, gqt, c, s, b, cb, hq, p0, p1, half, dq)
+            _unrotate(gk, gkt, c, s, b, cb, hk, p0, p1, half, dk)
+            _accumulate(q, qt, gq, gqt, b, cb, hq, p0, p1, half, dc, ds)
+            _accumulate(k, kt, gk, gkt, b, cb, hk, p0, p1, half, dc, ds)
 
 
 def _backward_qk_body(gq, gqt, gk, gkt, c, s, grain, dq, dk):
@@ -142,9 +169,8 @@ def _backward_qk_body(gq, gqt, gk, gkt, c, s, grain, dq, dk):
     for t in prange(tasks):
         b0, b1, cb, p0, p1 = _task(t, nbc, nb, ns, grain)
         for b in range(b0, b1):
-            for p in range(p0, p1):
-                _unrotate(gq, gqt, c, s, b, cb, hq, p, half, dq)
-                _unrotate(gk, gkt, c, s, b, cb, hk, p, half, dk)
+            _unrotate(gq, gqt, c, s, b, cb, hq, p0, p1, half, dq)
+            _unrotate(gk, gkt, c, s, b, cb, hk, p0, p1, half, dk)
 
 
 _forward = kernel(_forward_body, ELEMENTWISE)
@@ -165,10 +191,17 @@ def _heads(t: torch.Tensor) -> tuple[np.ndarray, bool]:
 
 def forward(tensors, attrs, config):
     q, k, c, s = tensors
-    qo, ko = empty(q.shape, q.dtype), empty(k.shape, k.dtype)
+    qo, ko = fake(tensors, attrs)
     launch(_forward, config["threads"], *_heads(q), *_heads(k), array(c), array(s), config["positions_per_task"],
-           array(qo), array(ko))
+           *_heads(qo), *_heads(ko))
     return qo, ko
+
+
+def fake(tensors, attrs):
+    """Outputs in the layout of their inputs where that is dense (Hugging Face's transposed views stay
+    transposed, as PyTorch's element-wise ops keep them): read and written in one memory order."""
+    q, k, _, _ = tensors
+    return torch.empty_like(q), torch.empty_like(k)
 
 
 def backward(grads, tensors, results, attrs, config, needs):
