@@ -37,9 +37,14 @@ COPY: list[float] = []
 
 def step_peak(step: Callable[[], object]) -> int:
     """The peak of bytes allocated through PyTorch and not yet freed during one call of ``step``, above the
-    bytes live before it (from the profiler's allocation events)."""
+    bytes live before it (from the profiler's allocation events), plus every large kernel output the call took
+    from the CPU kernels' reused memory (``kernels._outputs``, which the profiler does not see), as if all of them
+    were live at that peak."""
     from torch.profiler import ProfilerActivity, profile
 
+    from nki_autotune.kernels import _outputs
+
+    before = _outputs.served()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
@@ -47,7 +52,7 @@ def step_peak(step: Callable[[], object]) -> int:
     for _, n in events:
         live += n
         peak = max(peak, live)
-    return peak
+    return peak + _outputs.served() - before
 
 
 def _mib(n: int | None) -> str:

@@ -24,8 +24,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from nki_autotune.kernels.hf import patch
 
-BATCH, SEQ = 8, 256
-CONFIG = dict(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+BATCH, SEQ = 4, 256
+# A small model with a real tokenizer's vocabulary (LlamaConfig's own, 32000): the loss over it is a large part
+# of a small model's step, as in real small language models.
+CONFIG = dict(vocab_size=32000, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=SEQ, rms_norm_eps=1e-6, pad_token_id=0,
               tie_word_embeddings=False, use_cache=False)
 

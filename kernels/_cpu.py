@@ -27,6 +27,8 @@ from llvmlite import ir
 from numba import types as nbtypes
 from numba.extending import intrinsic, overload
 
+from . import _outputs
+
 FASTMATH = {"nsz", "reassoc"}
 ELEMENTWISE = {"nsz"}
 """Without reassociation: each element's operations in the expression's own order, where it decides what
@@ -253,13 +255,15 @@ def as_rows(t: torch.Tensor) -> np.ndarray:
 
 
 def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """A new contiguous output."""
-    return torch.empty(shape, dtype=dtype)
+    """A new contiguous output (a large one on reused memory: ``_outputs``)."""
+    return _outputs.new(shape, dtype)
 
 
 def empty_like(t: torch.Tensor) -> torch.Tensor:
-    """A new contiguous tensor of ``t``'s shape and dtype, whatever ``t``'s layout."""
-    return torch.empty_like(t, memory_format=torch.contiguous_format)
+    """A new contiguous tensor of ``t``'s shape and dtype, whatever ``t``'s layout (as ``empty``)."""
+    if t.numel() * t.element_size() < _outputs.FROM:
+        return torch.empty_like(t, memory_format=torch.contiguous_format)
+    return _outputs.new(t.shape, t.dtype)
 
 
 def rounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -1,0 +1,67 @@
+"""The CPU kernels' large outputs reuse memory once no tensor uses it, and never before."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+import nki_autotune.kernels as nk
+from nki_autotune.kernels import _outputs
+from nki_autotune.kernels._cpu import empty, empty_like
+from nki_autotune.registry import scope
+
+from .helpers import as64, rel_err
+
+RNG = random.Random(random.SystemRandom().randrange(2**31))
+
+
+def _big(dtype=torch.float32) -> tuple[int, ...]:
+    size = torch.empty((), dtype=dtype).element_size()
+    cols = RNG.choice([256, 512, 1000])
+    return (-(-_outputs.FROM // (size * cols)), cols)
+
+
+def test_a_freed_large_output_is_reused_and_a_live_one_never():
+    shape = _big()
+    a = empty(shape)
+    a.fill_(1.0)
+    b = empty(shape)  # a is alive: another block
+    assert b.data_ptr() != a.data_ptr()
+    ptr = a.data_ptr()
+    view = a[1:].view(-1)  # a view keeps its block in use
+    del a
+    c = empty(shape)
+    assert c.data_ptr() not in (ptr, b.data_ptr()) and bool((view == 1.0).all())
+    del view, c
+    d = empty_like(torch.empty(shape).t())  # contiguous, whatever the template's layout
+    assert d.data_ptr() == ptr and d.is_contiguous() and d.shape == shape[::-1]
+
+
+def test_small_outputs_and_sizes_past_the_caps_are_ordinary_allocations():
+    small = empty((3, 5), torch.bfloat16)
+    assert small.dtype == torch.bfloat16 and small.shape == (3, 5)
+    shape = _big(torch.bfloat16)
+    held = _outputs.held()
+    live = [empty(shape, torch.bfloat16) for _ in range(_outputs.PER_SIZE + 2)]
+    assert all(t.dtype == torch.bfloat16 and t.shape == shape and t.is_contiguous() for t in live)
+    assert len({t.data_ptr() for t in live}) == len(live)
+    assert _outputs.held() - held <= _outputs.PER_SIZE * live[0].numel() * 2
+
+
+def test_gradients_on_reused_memory_stay_right_while_earlier_ones_live():
+    """Two cross-entropy backwards whose 32 MiB+ gradients come from the pool: the first is still held when
+    the second is made, so they must not share memory, and both match float64."""
+    n, v = 64, -(-_outputs.FROM // (64 * 4))
+    grads, refs = [], []
+    with scope(NKI_AUTOTUNE_KERNELS="on"):
+        for _ in range(3):
+            x = (3 * torch.randn(n, v)).requires_grad_()
+            t = torch.randint(0, v, (n,))
+            (g,) = torch.autograd.grad(nk.cross_entropy(x, t), x)
+            x64 = as64((x.detach(),))[0].requires_grad_()
+            (r,) = torch.autograd.grad(torch.nn.functional.cross_entropy(x64, t), x64)
+            grads.append(g)
+            refs.append(r)
+    assert len({g.data_ptr() for g in grads}) == 3
+    assert all(rel_err(g, r) < 1e-5 for g, r in zip(grads, refs))
