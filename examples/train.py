@@ -46,11 +46,13 @@ def batches(seed: int = 0) -> Iterator[dict[str, torch.Tensor]]:
                "labels": ids.masked_fill(mask == 0, -100)}
 
 
-def make_step(seed: int = 0, compile: bool = True) -> Callable[[], torch.Tensor]:
-    """One patched model, its AdamW and its data from ``seed``; the returned callable runs one training step."""
+def make_step(seed: int = 0, compile: bool = True, patched: bool = True) -> Callable[[], torch.Tensor]:
+    """One model (patched unless told not to), its AdamW and its data from ``seed``; the returned callable runs one
+    training step."""
     torch.manual_seed(seed)
     model = LlamaForCausalLM(LlamaConfig(**CONFIG))
-    patch(model)
+    if patched:
+        patch(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     forward = torch.compile(model, fullgraph=True, dynamic=False) if compile else model
     data = batches(seed)

@@ -16,31 +16,10 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from train import CONFIG, batches, patch
-from transformers import LlamaConfig, LlamaForCausalLM
+from train import make_step
 
 from nki_autotune.autotune.stats import ratio_of_medians
 from nki_autotune.registry import scope
-
-
-def make_step(patched: bool) -> Callable[[], torch.Tensor]:
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**CONFIG))
-    if patched:
-        patch(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
-    forward = torch.compile(model, fullgraph=True, dynamic=False)
-    data = batches(0)
-
-    def step() -> torch.Tensor:
-        inputs = next(data)
-        opt.zero_grad(set_to_none=True)
-        loss = forward(**inputs).loss
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    return step
 
 
 def main() -> None:
@@ -49,9 +28,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=16)
     args = p.parse_args()
     env = {"NKI_AUTOTUNE_TABLE": args.table}
-    variants: dict[str, tuple[Callable[[], torch.Tensor], dict[str, str]]] = {"unpatched": (make_step(False), {})}
+    variants: dict[str, tuple[Callable[[], torch.Tensor], dict[str, str]]] = {
+        "unpatched": (make_step(patched=False), {})}
     with scope(**env):
-        variants["patched, table"] = (make_step(True), env)
+        variants["patched, table"] = (make_step(), env)
     first = {}
     for name, (step, e) in variants.items():
         with scope(**e):
