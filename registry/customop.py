@@ -5,10 +5,12 @@ and returns the op's outputs followed by the tensors the backward needs. Its bac
 ``torch.ops.nki_autotune.<op>_<impl>_backward``, so both directions stay opaque nodes of a compiled graph.
 
 What a call costs beside its kernel is paid on every call of every step, so the operators are defined with
-``torch.library.Library`` directly (``LibraryOp``): the kernel is the function the dispatcher calls, and the
-autograd kernel is one small function. Only the tensors the needed gradients read are saved (``Impl.reads``
-and the autograd context's ``needs_input_grad``); the backward operator gets a zero-stride stand-in of the
-right shape and dtype for each tensor not saved, and the impl's backward sees None there.
+``torch.library.Library`` directly (``LibraryOp``): the kernel is the function the dispatcher calls, the
+autograd kernel is one small function, and a compiled graph calls a twin of the forward operator that has no
+autograd kernel, nor has the backward operator: their calls pass autograd in C++. Only the tensors the needed
+gradients read are saved (``Impl.reads`` and the autograd context's ``needs_input_grad``); the backward operator
+gets a zero-stride stand-in of the right shape and dtype for each tensor not saved, and the impl's backward sees
+None there.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ if TYPE_CHECKING:
     from .op import Impl
 
 NAMESPACE = "nki_autotune"
-_AFTER_AUTOGRAD = _C._after_autograd_keyset
 _DEFINED: dict[str, LibraryOp] = {}
 """Every operator defined here, by qualified name (its library lives as long as the operator is used)."""
 _SOURCE = Path(__file__).read_bytes()
@@ -47,12 +48,6 @@ def version(impl: Impl) -> str:
     return "v" + h.hexdigest()[:12]
 
 
-def _below_autograd(op: Any, keyset: Any, args: tuple) -> Any:
-    """``op`` on ``args`` with nothing recorded for autograd."""
-    with _C._AutoDispatchBelowAutograd():
-        return op.redispatch(keyset & _AFTER_AUTOGRAD, *args)
-
-
 class LibraryOp:
     """An operator defined through ``torch.library.Library``: the schema, one kernel for one dispatch key,
     and (through ``register_fake`` and ``register_autograd``) what ``torch.library.custom_op`` offers, without
@@ -61,42 +56,39 @@ class LibraryOp:
 
     def __init__(self, qualname: str, fn: Callable[..., Any], schema: str, dispatch_key: str,
                  overload: str = "default") -> None:
-        ns, name = qualname.split("::")
-        self.name = name if overload == "default" else f"{name}.{overload}"
-        self.qualname = f"{ns}::{self.name}"
+        ns, self._base = qualname.split("::")
+        self._fn, self._schema, self._key, self._overload = fn, schema, dispatch_key, overload
         self._lib = torch.library.Library(ns, "FRAGMENT")
-        self._lib.define(self.name + schema, tags=(torch.Tag.pt2_compliant_tag,))
-        self._lib.impl(self.name, fn, dispatch_key)
-        self.op = getattr(getattr(getattr(torch.ops, ns), name), overload)
+        self._fake: Callable[..., Any] | None = None
+        self.name, self.op = self._define(self._base)
+        self.twin = self.op
+        self.qualname = f"{ns}::{self.name}"
         _DEFINED[self.qualname] = self
 
+    def _define(self, base: str) -> tuple[str, Any]:
+        name = base if self._overload == "default" else f"{base}.{self._overload}"
+        self._lib.define(name + self._schema, tags=(torch.Tag.pt2_compliant_tag,))
+        self._lib.impl(name, self._fn, self._key)
+        if self._fake is not None:
+            torch.library.register_fake(f"{self._lib.ns}::{name}", self._fake, lib=self._lib)
+        return name, getattr(getattr(getattr(torch.ops, self._lib.ns), base), self._overload)
+
     def register_fake(self, fn: Callable[..., Any]) -> None:
+        self._fake = fn
         torch.library.register_fake(self.qualname, fn, lib=self._lib)
-
-    def no_gradient(self) -> None:
-        """An autograd kernel that refuses to record this operator (a backward's own gradient, asked for by
-        ``create_graph=True``) rather than let PyTorch's fallback return gradients of zero with a warning."""
-        op = self.op
-
-        def autograd_kernel(keyset, *args):
-            if _C.is_grad_enabled() and _C._any_requires_grad(*args):
-                raise RuntimeError(f"{self.qualname} has no gradient of its own (a double backward, e.g. "
-                                   "create_graph=True); switch the op's kernels off with NKI_AUTOTUNE_KERNEL_<OP>=off "
-                                   "for this computation")
-            return _below_autograd(op, keyset, args)
-
-        self._lib.impl(self.name, autograd_kernel, "Autograd", with_keyset=True)
 
     def register_autograd(self, backward: Callable[..., Any], *, setup_context: Callable[..., Any]) -> None:
         """``backward(ctx, *grads)`` and ``setup_context(ctx, inputs, output)`` as in ``torch.library``.
 
-        The autograd kernel runs the op below autograd, through an ``autograd.Function`` where a gradient is
-        needed; in a compiled graph (traced once) the runtime takes the no-gradient branch."""
-        op = self.op
+        Beside the operator, a twin with the same schema and kernel and no autograd kernel (``<name>_kernel``):
+        the autograd kernel runs the twin, through an ``autograd.Function`` where a gradient is needed, so a
+        graph traced through it holds the twin, which its compiled code then calls without a Python trip at the
+        autograd key (the default autograd fallback, in C++, passes a call on when no gradient is recorded)."""
+        _, twin = self._define(self._base + "_kernel")
+        self.twin = twin
 
         def forward(ctx, *args):
-            with _C._AutoDispatchBelowAutograd():
-                out = op(*args)
+            out = twin(*args)
             setup_context(ctx, args, out)
             return out
 
@@ -106,7 +98,7 @@ class LibraryOp:
         def autograd_kernel(keyset, *args):
             if _C.is_grad_enabled() and _C._any_requires_grad(*args):
                 return fn.apply(*args)
-            return _below_autograd(op, keyset, args)
+            return twin(*args)
 
         self._lib.impl(self.name, autograd_kernel, "Autograd", with_keyset=True)
 
@@ -121,6 +113,11 @@ def define(qualname: str, fn: Callable[..., Any], schema: str, device_type: str,
 def callable_op(defined: Any) -> Any:
     """What to call: the ``OpOverload`` of a ``LibraryOp``, else the object a backend returned."""
     return defined.op if isinstance(defined, LibraryOp) else defined
+
+
+def kernel_op(defined: Any) -> Any:
+    """What a compiled graph holds for a call of ``defined``: its twin below autograd, if it has one."""
+    return defined.twin if isinstance(defined, LibraryOp) else defined
 
 
 def _reference_backward(impl: Impl, grads: tuple, tensors: tuple, attrs: dict) -> tuple:
@@ -216,8 +213,6 @@ def build(impl: Impl) -> None:
         bwd_def = backend.custom_op(f"{NAMESPACE}::{impl.op_name}_backward", backward_kernel, impl.backward_schema(),
                                     overload)
         bwd_def.register_fake(backward_fake)
-        if isinstance(bwd_def, LibraryOp):
-            bwd_def.no_gradient()
         bwd = callable_op(bwd_def)
 
         def setup_context(ctx, inputs, output):
@@ -233,6 +228,10 @@ def build(impl: Impl) -> None:
                 ctx.mark_non_differentiable(*results[n_out:])
 
         def backward(ctx, *grads):
+            if _C.is_grad_enabled():  # create_graph=True: PyTorch's fallback would give zeros with a warning
+                raise RuntimeError(f"{bwd_def.qualname if isinstance(bwd_def, LibraryOp) else impl.op_name} has no "
+                                   "gradient of its own (a double backward, e.g. create_graph=True); switch the op's "
+                                   f"kernels off with NKI_AUTOTUNE_KERNEL_{op.name.upper()}=off for this computation")
             full: list[Any] = [None] * (nt + n_res)
             for i, t in zip(ctx.keep, ctx.saved_tensors):
                 full[i] = t
@@ -249,4 +248,4 @@ def build(impl: Impl) -> None:
 
         fwd.register_autograd(backward, setup_context=setup_context)
 
-    impl.fwd_op, impl.bwd_op = callable_op(fwd), bwd
+    impl.fwd_op, impl.kernel_op, impl.bwd_op = callable_op(fwd), kernel_op(fwd), bwd

@@ -81,6 +81,8 @@ class Impl:
     """Config params that only change the backward: fixed to their default for inference."""
     saved: int = 0
     fwd_op: Any = None
+    kernel_op: Any = None
+    """What a compiled forward graph calls: ``fwd_op``'s twin below autograd (``customop.LibraryOp``), or ``fwd_op``."""
     bwd_op: Any = None
     _kept: dict[tuple[bool, ...], frozenset[int]] = field(default_factory=dict, init=False, repr=False)
 

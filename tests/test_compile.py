@@ -17,7 +17,7 @@ from .helpers import rel_err
 
 KERNEL_AT, COMPILER_AT = (16, 64), (24, 64)
 _IMPL = get_op("rmsnorm").impls["cpu_rows"]
-FWD, BWD = str(_IMPL.fwd_op), str(_IMPL.bwd_op)
+FWD, BWD = str(_IMPL.kernel_op), str(_IMPL.bwd_op)
 
 
 class Graphs:

@@ -172,7 +172,7 @@ def test_compiled_patched_model_has_one_graph_with_every_op_a_kernel(family, swi
     fwd = [str(n.target) for n in graphs.forward[0].graph.nodes if n.op == "call_function"]
     for op, n in counts.items():
         impl = cpu_impl(op)
-        assert fwd.count(str(impl.fwd_op)) == n, op
+        assert fwd.count(str(impl.kernel_op)) == n, op
         assert str(impl.bwd_op) in targets(graphs.backward[0]), op
 
 
