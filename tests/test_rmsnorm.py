@@ -52,6 +52,19 @@ def test_every_config_is_correct(gen, config):
     assert all(rel_err(g, r) < 1e-5 for g, r in zip(grads, ref_grads))
 
 
+@pytest.mark.parametrize("rows_per_task", [1, 256])
+def test_weight_gradient_summed_in_parallel_and_serially(gen, rows_per_task):
+    """Many partial rows (512 x 512) are summed by a parallel launch, few (2 x 512) in one thread: both exact."""
+    from nki_autotune.kernels.rmsnorm import cpu
+
+    x, w = _inputs((512, 512), gen)
+    parallel = 512 // rows_per_task * 512 >= cpu._PARALLEL_SUM
+    assert parallel == (rows_per_task == 1)
+    outs, grads = run_with_grads(lambda a, b: IMPL.fwd_op(a, b, 1e-6, 2, rows_per_task)[0], (x, w))
+    ref_outs, ref_grads = run_with_grads(lambda a, b: reference(a, b, 1e-6), as64((x, w)))
+    assert all(rel_err(g, r) < 1e-5 for g, r in zip(grads, ref_grads))
+
+
 @pytest.mark.parametrize("shape", [(3, 5), (2, 3, 64)])
 def test_opcheck(gen, shape):
     x, w = _inputs(shape, gen)
