@@ -65,3 +65,16 @@ def test_gradients_on_reused_memory_stay_right_while_earlier_ones_live():
             refs.append(r)
     assert len({g.data_ptr() for g in grads}) == 3
     assert all(rel_err(g, r) < 1e-5 for g, r in zip(grads, refs))
+
+
+def test_a_pooled_output_is_marked_for_the_profiler_with_its_block_and_bytes():
+    """The profiler sees PyTorch's allocations only: each output the pool hands out is marked with its block's
+    address and size, once per output, and an ordinary allocation is not (what benchmarks' peak memory adds)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    shape = _big()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        a = empty(shape)
+        empty((3, 5))
+    marks = [e.name() for e in prof.profiler.kineto_results.events() if e.name().startswith(_outputs.MARK)]
+    assert marks == [f"{_outputs.MARK}{a.data_ptr()} {a.numel() * a.element_size()}"]
