@@ -37,7 +37,7 @@ CASES = [  # op, inputs, attrs, rounds
     ("rope", [_hf(4, 4, 256, 64), _hf(4, 2, 256, 64), ((1, 256, 64), F32), ((1, 256, 64), F32)], [], 40),
     ("rope", [((8, 8, 512, 64), F32)] * 2 + [((8, 512, 64), F32)] * 2, [], 15),
 ]
-ROWS: list[str] = []
+_header_printed = False
 
 
 def _label(case) -> str:
@@ -81,15 +81,17 @@ def test_breakdown(case, monkeypatch, capsys):
                 if k == "kernel":
                     per_call.append(launches[-1])
     m = {k: median(v) * 1e6 for k, v in times.items()}
-    ROWS.append(f"{_label(case):<62} {m['compiler']:9.1f} {m['kernel']:9.1f} {m['no-op kernel']:9.1f} "
-                f"{m['empty']:8.1f} | {m['compiler'] - m['empty']:9.1f} {m['kernel'] - m['empty']:9.1f} "
-                f"{median(per_call) * 1e6:9.1f} {m['no-op kernel'] - m['empty']:7.1f}")
+    row = (f"{_label(case):<62} {m['compiler']:9.1f} {m['kernel']:9.1f} {m['no-op kernel']:9.1f} "
+           f"{m['empty']:8.1f} | {m['compiler'] - m['empty']:9.1f} {m['kernel'] - m['empty']:9.1f} "
+           f"{median(per_call) * 1e6:9.1f} {m['no-op kernel'] - m['empty']:7.1f}")
+    global _header_printed
     with capsys.disabled():
-        if len(ROWS) == 1:
+        if not _header_printed:
+            _header_printed = True
             print(f"\nwhere a training call's time goes (us, medians of interleaved rounds; one call per region, "
                   f"default configs)\n{'op, shape':<62} {'compiler':>9} {'kernel':>9} {'no-op k.':>9} {'empty':>8} | "
                   f"{'compiler':>9} {'kernel':>9} {'numba':>9} {'glue':>7}\n{'':<62} {'region':>9} {'region':>9} "
                   f"{'region':>9} {'region':>8} | {'work':>9} {'work':>9} {'kernels':>9} {'':>7}")
-        print(ROWS[-1])
+        print(row)
     assert len(per_call) == rounds and all(t > 0 for t in per_call)  # the kernel's launches ran in its region
 
