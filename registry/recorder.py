@@ -151,15 +151,26 @@ def record(path: str | os.PathLike, samples: bool = False) -> Iterator[Recorder]
 
 
 def autostart() -> Recorder | None:
-    """Honour ``NKI_AUTOTUNE_RECORD``: record the whole process, write the profile at exit (one per rank)."""
+    """Honour ``NKI_AUTOTUNE_RECORD``: record the whole process, write the profile at exit (one per rank).
+
+    Only a process that made a pack call writes, and only the one that started recording: every process that
+    imports the pack with the variable set records (a CLI command, a spawned worker, the parent of spawned
+    ranks), and one that made no call must not replace the profile another wrote."""
     s = settings()
     if not s.record or _active is not None:
         return None
     rec = Recorder(rank_path(s.record), samples=s.record_samples)
     rec.start()
+    pid = os.getpid()
 
     def finish() -> None:
         rec.stop()
+        if os.getpid() != pid:  # a forked child: the process that started recording writes
+            return
+        if not rec.counts:
+            print(f"nki-autotune: NKI_AUTOTUNE_RECORD={s.record}: process {pid} made no call of a pack op; "
+                  f"{rec.path} is left as it was", file=sys.stderr)
+            return
         rec.write()
 
     atexit.register(finish)

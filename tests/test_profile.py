@@ -161,3 +161,25 @@ def test_version_1_profiles_still_load_and_version_2_records_layouts(tmp_path):
     assert text.startswith("version: 2") and "strides: [1, 8]" in text
     (site,) = load_profile(tmp_path / "v2.yaml", ops()).sites
     assert site.inputs[0].strides == (1, 8)
+
+
+def test_a_process_that_made_no_call_leaves_the_recorded_profile_as_it_was(tmp_path):
+    """With NKI_AUTOTUNE_RECORD set, every process importing the pack records: a CLI command, a spawned worker or
+    the parent of spawned ranks that made no call must not replace the profile with an empty one."""
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        import nki_autotune.kernels as nk
+        nk.rmsnorm(torch.randn(6, 32), torch.ones(32))
+    """))
+    idle = tmp_path / "idle.py"
+    idle.write_text("import nki_autotune.kernels\n")
+    out = tmp_path / "p.yaml"
+    env = {"NKI_AUTOTUNE_RECORD": str(out), "PATH": "/usr/bin:/bin"}
+    subprocess.run([sys.executable, str(script)], env=env, check=True, cwd=tmp_path)
+    before = out.read_text()
+    r = subprocess.run([sys.executable, str(idle)], env=env, check=True, cwd=tmp_path, capture_output=True,
+                       text=True)
+    assert out.read_text() == before and "made no call of a pack op" in r.stderr
+    (site,) = load_profile(out, ops()).sites
+    assert site.calls == 1
