@@ -8,20 +8,26 @@ the one with the higher trial number steps back (PRUNED), so no (key, impl, conf
 The final comparison of an impl's best config is a trial too (``kind: final``), measured once and stored.
 
 A worker that dies leaves its claimed trial RUNNING: on RDB storages Optuna's heartbeat fails it and
-``RetryFailedTrialCallback`` puts it back; on a journal file (no heartbeat) a trial RUNNING longer than the
-lease (the longest a live worker may take) is failed and put back the same way. A config that fails as data
-(raises, crashes the worker, times out, fails numerics) is a FAIL trial that records why: it is never retried.
+``RetryFailedTrialCallback`` puts it back; on a journal file, which has no heartbeat of Optuna's, the worker
+stamps its trial with the time (``alive_at``, seconds since the epoch: no time zone) while it runs it, waits for
+the machine lock included; a trial that misses a few stamps (or, not stamped yet, is older than the lease) is
+failed and put back the same way.
+A worker whose trial was taken over meanwhile (it stalled past the lease) drops its own result: the copy stands.
+A config that fails as data (raises, crashes the worker, times out, fails numerics) is a FAIL trial that records
+why: it is never retried.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import socket
+import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,6 +44,7 @@ optuna.logging.set_verbosity(optuna.logging.ERROR)
 
 TRIAL, FINAL = "trial", "final"
 HEARTBEAT_S = 10
+ALIVE = "alive_at"
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 """Written on every trial this process claims (who measured what, e.g. in optuna-dashboard)."""
 
@@ -154,6 +161,8 @@ class Search:
         self.fp = digest(fingerprint)
         self.lease_s = lease_s
         """Storages without heartbeats: a trial RUNNING longer than this belongs to a dead worker."""
+        self.stamp_s = min(HEARTBEAT_S, lease_s / 4)
+        """How often a worker stamps the trial it runs (storages without heartbeats)."""
 
     def study_name(self, key: Key, impl: Impl) -> str:
         return f"{key.op}:{digest(key)}:{impl.name}:src-{impl.source_hash}:fp-{self.fp}"
@@ -180,11 +189,18 @@ class Search:
         return study.get_trials(deepcopy=False)
 
     def _expire(self, study: optuna.Study, trials: list[FrozenTrial]) -> None:
-        """No heartbeat here: fail trials RUNNING past the lease and put their work back, as the heartbeat would."""
-        now = datetime.now()
+        """No heartbeat of Optuna's here: fail trials whose worker has not stamped them for longer than the lease
+        (or, not stamped yet, started longer ago) and put their work back, as the heartbeat would."""
+        now, local_now = time.time(), datetime.now()
         for t in trials:
-            if t.state == TrialState.RUNNING and t.datetime_start is not None and \
-                    now - t.datetime_start > timedelta(seconds=self.lease_s):
+            if t.state != TrialState.RUNNING:
+                continue
+            alive = t.user_attrs.get(ALIVE)
+            if isinstance(alive, (int, float)):  # stamped: dead after missing a few stamps
+                dead = now - alive > min(self.lease_s, 6 * self.stamp_s)
+            else:
+                dead = t.datetime_start is not None and local_now - t.datetime_start > timedelta(seconds=self.lease_s)
+            if dead:
                 try:
                     self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
                 except Exception:  # another worker expired it first
@@ -210,7 +226,10 @@ class Search:
         fixed = {p: impl.default[p] for p in impl.backward_params} if key.mode == "inference" else {}
         free = {p: tuple(v) for p, v in impl.space.items() if p not in fixed}
 
+        ran: list[int] = []
+
         def objective(trial: optuna.Trial) -> float:
+            ran.append(trial._trial_id)
             kind = trial.user_attrs.get("kind", TRIAL)
             values = {p: trial.suggest_categorical(p, list(v)) for p, v in free.items()}
             cfg = {p: fixed.get(p, values.get(p)) for p in impl.space}
@@ -219,14 +238,46 @@ class Search:
             trial.set_user_attr("worker", WORKER)
             if kind not in handlers or not impl.allows(cfg, key) or self._taken(study, trial.number, kind, cfg):
                 raise optuna.TrialPruned()
-            res = handlers[kind](cfg)
+            with self._stamping(trial._trial_id):
+                res = handlers[kind](cfg)
             trial.set_user_attr("info", res.info)
             on_trial(res)
             if res.failed:
                 raise _Failed(res.info.get("error", "failed"))
             return res.speedup
 
-        study.optimize(objective, n_trials=1, catch=(_Failed,))
+        try:
+            study.optimize(objective, n_trials=1, catch=(_Failed,))
+        except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
+            # another worker failed this trial past its lease and put its work back: that copy stands
+            if not ran or self.storage.get_trial(ran[0]).state != TrialState.FAIL:
+                raise
+
+    @contextlib.contextmanager
+    def _stamping(self, trial_id: int) -> Iterator[None]:
+        """While the block runs, stamp the trial with the time every few seconds (storages without heartbeats):
+        a worker waiting for the machine lock, or compiling, is alive however long it takes."""
+        if isinstance(self.storage, optuna.storages.RDBStorage):
+            yield
+            return
+        done = threading.Event()
+
+        def stamp() -> None:
+            while True:
+                try:
+                    self.storage.set_trial_user_attr(trial_id, ALIVE, time.time())
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    return  # taken over: the caller finds out when it reports
+                if done.wait(self.stamp_s):
+                    return
+
+        beat = threading.Thread(target=stamp, name=f"nki-autotune-alive-{trial_id}", daemon=True)
+        beat.start()
+        try:
+            yield
+        finally:
+            done.set()
+            beat.join()
 
     @staticmethod
     def _taken(study: optuna.Study, number: int, kind: str, cfg: dict[str, int]) -> bool:
@@ -283,8 +334,9 @@ class Search:
               work: dict[str, Callable[[dict[str, int]], TrialResult]],
               stop: Callable[[], bool] = lambda: False) -> dict[str, Any] | None:
         """The stored final comparison of ``config``, measured here if no worker has; None while another
-        worker is measuring it (or when ``stop`` ended the wait). One measured on a disturbed machine is
-        measured again, once per run: its result stands only if this run measured it too."""
+        worker is measuring it (or when ``stop`` ended the wait with none stored). One measured on a disturbed
+        machine is measured again, once per run: its result stands only if this run measured it too, or if
+        ``stop`` leaves no time to measure it again."""
         study = self.study(key, impl)
         cid = _config_id(config)
         here: list[bool] = []
@@ -295,15 +347,15 @@ class Search:
             return measure(cfg)
 
         for _ in range(20):
-            if stop():
-                return None
             trials = self._trials(study)
             mine = sorted((t for t in trials if _kind(t) == FINAL and _config_id(t.user_attrs.get("config") or {})
                            == cid), key=lambda t: t.number)
             done = [t for t in mine if _measured(t)]
             quiet = [t for t in done if not _disturbed(t)]
-            if quiet or (done and here):
+            if quiet or (done and (here or stop())):
                 return dict((quiet or done)[-1 if not quiet else 0].user_attrs["info"]["measured"])
+            if stop():
+                return None
             waiting = any(t.state == TrialState.WAITING for t in trials)
             if any(t.state == TrialState.RUNNING for t in mine) and not waiting:
                 return None

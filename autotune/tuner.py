@@ -120,11 +120,12 @@ class Tuner:
             reason = "; ".join(declined) or f"{op.name} has no impl on backend {self.backend.name}"
             return Entry(key, None, sites=labels, reason=f"no kernel to try: {reason}")
 
-        candidates, waiting = [], False
+        candidates, waiting, tried = [], False, False
         for impl in usable:
             work = self._work(key, impl, samples)
             results, complete = self.search.run(key, impl, work, stop=self.over_budget,
                                                 on_trial=lambda r, impl=impl: self.listener.trial_done(key, impl, r))
+            tried = tried or bool(results)
             if not complete and not self.over_budget():
                 waiting = True
                 continue
@@ -135,7 +136,10 @@ class Tuner:
                 candidates.append(cand)
         if waiting:
             return None
-        reason = "budget exhausted before any trial ran" if self.over_budget() and not candidates else ""
+        reason = ""
+        if self.over_budget() and not candidates:
+            reason = ("budget exhausted before a final comparison was measured" if tried
+                      else "budget exhausted before any trial ran")
         entry = decide(key, candidates, self.options.threshold, labels, {i.name: i for i in usable}, reason)
         if entry.measured:
             entry.measured["calls_per_step"] = sum(s.calls for s in sites)

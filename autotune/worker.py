@@ -218,8 +218,8 @@ class IsolatedBench:
 
     @property
     def longest_s(self) -> float:
-        """The longest a live worker may hold one claimed trial (preparing its key, then a final comparison):
-        a trial running longer belongs to a dead worker. Time spent waiting for the machine lock comes on top."""
+        """The longest a live worker may hold one claimed trial (preparing its key, then a final comparison), not
+        counting waits for the machine lock: the lease of a trial no stamp has reached yet (``search``)."""
         return self.prepare_timeout + self.final_timeout + 60.0
 
     def close(self) -> None:

@@ -135,6 +135,15 @@ def test_budget_exhausted_before_any_trial(tmp_path):
     assert table.entries[0].impl is None and "budget exhausted" in table.entries[0].reason
 
 
+def test_an_exhausted_budget_still_decides_from_what_storage_holds(tmp_path):
+    """A resumed or shared run out of time measures nothing new, but writes what its storage already holds."""
+    first = tuner(tmp_path, FakeClock(fast_when())).tune(Profile([site()]))
+    clock = FakeClock(fast_when())
+    again = tuner(tmp_path, clock, budget_s=0.0).tune(Profile([site()]))
+    assert first.entries[0].impl == "cpu_rows" and clock.calls == 0
+    assert again.entries[0].impl == "cpu_rows" and again.entries[0].measured == first.entries[0].measured
+
+
 def test_tpe_runs_the_trial_budget_and_prunes_by_constraint(tmp_path):
     t = tuner(tmp_path, FakeClock(fast_when()), trials=4)
     table = t.tune(Profile([site(shape=(256, 64))]))
@@ -187,3 +196,23 @@ def test_journal_file_storage_is_shared_between_tuners(tmp_path):
     second = Tuner(be, Search(open_storage(url), be.fingerprint(), trials=20), local(be, Options(), clock), Options())
     again = second.tune(Profile([site(shape=(32, 64))]))
     assert clock.calls == 0 and again.entries[0].config == table.entries[0].config
+
+
+@pytest.mark.parametrize("noisy", ["wide interval", "disturbed machine"])
+def test_a_passing_impl_is_enabled_when_a_faster_one_fails_the_rule(noisy):
+    """The rule picks the fastest impl that passes it, not the fastest impl: one op may have several kernels."""
+    from nki_autotune.autotune.decision import Candidate, decide
+
+    def measured(speedup, ci, disturbed=None):
+        return {"speedup": speedup, "ci95": ci, "rel_err": 1e-7, "tolerance": 1e-5,
+                "calibration": {"disturbed": disturbed} if disturbed else {}}
+
+    fast = (measured(1.6, [0.95, 2.2]) if noisy == "wide interval"
+            else measured(1.6, [1.5, 1.7], disturbed="another process used 90% of a core"))
+    key = key_of("rmsnorm", "training", [((64, 128), "float32"), ((128,), "float32")])
+    impls = {"cpu_rows": IMPL, "mine": IMPL}
+    entry = decide(key, [Candidate("cpu_rows", {"threads": 2}, fast, True),
+                         Candidate("mine", {"threads": 1}, measured(1.3, [1.2, 1.4]), True)], 1.05, ["a"], impls)
+    assert entry.impl == "mine" and entry.reason.startswith("faster 1.30x")
+    alone = decide(key, [Candidate("cpu_rows", {"threads": 2}, fast, True)], 1.05, ["a"], impls)
+    assert alone.impl is None and "1.60x" in alone.reason

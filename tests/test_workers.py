@@ -207,3 +207,44 @@ def test_a_worker_killed_holding_the_last_trial_is_taken_over(tmp_path, storage)
     assert fast.returncode == 0, err
     measured, _ = _measured_once(storage, finals=1)
     assert len(_entries(tmp_path / "fast.yaml")) == 1
+
+
+def test_on_a_journal_a_trial_is_alive_while_its_worker_waits_and_dead_once_it_stops_stamping(tmp_path):
+    """A worker may wait for the machine lock (or compile) longer than the lease: its stamps keep its trial; a
+    trial whose stamps stopped (its worker died) is put back after a few missed stamps, whatever the time zone."""
+    import threading
+
+    from nki_autotune.autotune.search import ALIVE, TRIAL, Search, TrialResult, handlers
+    from nki_autotune.registry import Key, TensorSpec, get_op
+
+    search = Search(open_storage(f"journal:///{tmp_path}/studies.log"), {"backend": "cpu"}, trials=2, lease_s=1.0)
+    op = get_op("rmsnorm")
+    impl = op.impls["cpu_rows"]
+    key = Key.of(op, (TensorSpec((32, 64), "float32", requires_grad=True),
+                      TensorSpec((64,), "float32", requires_grad=True)), {"eps": 1e-6})
+    study = search.study(key, impl)
+    seen: list[str] = []
+
+    def watch():  # another worker reading the storage meanwhile: it expires what looks dead
+        while not stop.is_set():
+            seen.extend(t.state.name for t in search._trials(study))
+            time.sleep(0.1)
+
+    def slow(cfg):  # waits 3 leases, as for the machine lock
+        time.sleep(3.0)
+        return TrialResult(cfg, 1.5, {})
+
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    search._claim(study, key, impl, handlers(slow, lambda cfg: {}), lambda r: None)
+    stop.set()
+    watcher.join()
+    (trial,) = study.get_trials()
+    assert trial.state.name == "COMPLETE" and "FAIL" not in seen and isinstance(trial.user_attrs[ALIVE], float)
+
+    dead = optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, user_attrs={
+        "kind": TRIAL, "config": dict(impl.default), ALIVE: time.time() - 10.0})
+    study.add_trial(dead)
+    states = [t.state.name for t in search._trials(study)]
+    assert states.count("FAIL") == 1 and states.count("WAITING") == 1  # failed and its work put back
