@@ -22,8 +22,8 @@ class Candidate:
 
 def decide(key: Key, candidates: list[Candidate], threshold: float, sites: list[str], impls: dict[str, Impl],
            no_candidate_reason: str = "") -> Entry:
-    """Enable the fastest numerically-correct impl if its median speedup >= threshold, its 95% interval lies
-    above 1, and the machine was quiet while it was measured; otherwise the compiler, with the reason."""
+    """Enable the fastest numerically-correct impl whose median speedup is >= threshold, whose 95% interval lies
+    above 1, and which was measured on a quiet machine; if none is, the compiler, with the fastest one's reason."""
     if not candidates:
         return Entry(key, None, sites=sites, reason=no_candidate_reason or "no impl was measured")
 
@@ -53,13 +53,20 @@ def decide(key: Key, candidates: list[Candidate], threshold: float, sites: list[
             why = c.measured.get("not_measurable") or c.measured["error"].removeprefix("not measurable: ")
             return entry(c, None, m, f"not measurable at this size: {why}")
         return entry(c, None, m, f"{c.impl} could not be timed: {c.measured.get('error') or 'no time was measured'}")
-    best = max(timed, key=lambda c: c.measured["speedup"])
+
+    def passes(c: Candidate) -> bool:
+        m = c.measured
+        return (m.get("calibration") or {}).get("disturbed") is None and m["speedup"] >= threshold \
+            and m["ci95"][0] > 1.0
+
+    # the fastest impl that passes; if none does, the reason is the fastest one's
+    best = max([c for c in timed if passes(c)] or timed, key=lambda c: c.measured["speedup"])
     m = best.measured
     lo, hi = m["ci95"]
     ci = f"95% CI {lo:.2f}-{hi:.2f}"
     err = f"error {_err(m['rel_err'])} within {m['tolerance']:.0e}"
     disturbed = (m.get("calibration") or {}).get("disturbed")
-    if disturbed is None and m["speedup"] >= threshold and lo > 1.0:
+    if passes(best):
         return entry(best, best.impl, m, f"faster {m['speedup']:.2f}x ({ci}), {err}")
     if disturbed is not None:
         why = f"best kernel {best.impl} {m['speedup']:.2f}x ({ci}) was measured on a disturbed machine ({disturbed})"
