@@ -33,3 +33,10 @@ def make_inputs(op: Op, key: Key, gen: torch.Generator, samples: dict | None = N
         t = laid_out(t.detach().to(device), spec)
         out.append(t.requires_grad_() if spec.requires_grad else t)
     return out
+
+
+def carrying_gradients(outs, seeds) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The outputs a backward starts from, with their seeds: those that carry a gradient. An output computed
+    from no input that needs one (rope's k when only q needs a gradient) has none, and autograd refuses it."""
+    pairs = [(o, s) for o, s in zip(outs, seeds) if o.requires_grad]
+    return [o for o, _ in pairs], [s for _, s in pairs]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..registry import Impl, Key, Op
-from .inputs import laid_out, make_inputs
+from .inputs import carrying_gradients, laid_out, make_inputs
 
 TOLERANCE = {"float32": 1e-5, "float64": 1e-5, "bfloat16": 1e-2, "float16": 1e-3}
 
@@ -72,14 +72,15 @@ def compare(op: Op, key: Key, fn: Callable[..., tuple], gen: torch.Generator, de
     ref_out = _outputs(op.reference(*ref_in, *attrs))
     grad_gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
     seeds = [torch.randn(o.shape, generator=grad_gen, dtype=torch.float64) for o in ref_out]
-    ref_grads = torch.autograd.grad(ref_out, [ref_in[i] for i in diff], seeds) if diff else ()
+    ref_starts, ref_seeds = carrying_gradients(ref_out, seeds)
+    ref_grads = torch.autograd.grad(ref_starts, [ref_in[i] for i in diff], ref_seeds) if diff else ()
 
     cand_in = [laid_out(t.detach().to(device), s).requires_grad_(i in diff)
                for i, (t, s) in enumerate(zip(inputs, key.inputs))]
     with poisoned():
         out = fn(*cand_in)
-        grads = torch.autograd.grad(out, [cand_in[i] for i in diff],
-                                    [s.to(device, o.dtype) for s, o in zip(seeds, out)]) if diff else ()
+        starts, starts_seeds = carrying_gradients(out, [s.to(device, o.dtype) for s, o in zip(seeds, out)])
+        grads = torch.autograd.grad(starts, [cand_in[i] for i in diff], starts_seeds) if diff else ()
     errs = [(f"output {i}", rel_err(o, r.detach())) for i, (o, r) in enumerate(zip(out, ref_out))]
     errs += [(f"grad {op.tensors[i]}", rel_err(g, r)) for i, g, r in zip(diff, grads, ref_grads)]
     worst_name, worst = max(errs, key=lambda e: float("inf") if e[1] != e[1] else e[1])

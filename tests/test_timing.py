@@ -165,3 +165,22 @@ def test_output_gradients_come_in_the_layout_of_their_outputs():
     assert g_hf.stride() == hf.stride() and g_plain.stride() == plain.stride()
     assert g_hf.shape == hf.shape and g_hf.std() > 0.5
     assert torch.equal(output_gradients((hf, plain), seed=1)[0], g_hf)  # the same seeds every round
+
+
+def test_a_key_where_one_output_carries_no_gradient_is_checked_and_timed():
+    """rope with only q needing a gradient (k frozen, as in a fine-tune of q alone): the compiler's k output
+    carries no gradient, so a backward starts from q's output only, in the numerics and in every region."""
+    op = get_op("rope")
+    key = Key.of(op, (TensorSpec((1, 2, 8, 4), "float32", requires_grad=True),
+                      TensorSpec((1, 1, 8, 4), "float32", requires_grad=False),
+                      TensorSpec((1, 8, 4), "float32"), TensorSpec((1, 8, 4), "float32")), {})
+    assert key.mode == "training" and key.grads == (0,)
+    impl = next(i for i in op.impls.values() if i.backend == "cpu")
+    ref = compare(op, key, lambda *ts: op.reference(*ts), torch.Generator().manual_seed(0))
+    assert ref.ok, ref
+    from nki_autotune.autotune.numerics import check_impl
+    assert check_impl(impl, key, impl.default, torch.Generator().manual_seed(1)).ok
+    w = Workload(op, key, EagerCpu(), sets=2)
+    w.prepare(2)
+    for runner in (w.compiler(), w.kernel(impl, impl.default), w.empty()):
+        runner.step(1)
