@@ -35,12 +35,31 @@ def dump(data: Any) -> str:
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=120, allow_unicode=True)
 
 
+def _umask() -> int:
+    """The process's umask, read without setting it (``os.umask`` sets it, for every thread meanwhile)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write to a temporary file beside ``path``, then rename: readers never see half a file."""
+    """Write to a temporary file beside ``path``, then rename: readers never see half a file. The file gets the
+    mode a plain ``open`` would give it (the one it had, else 0666 less the umask), not the temporary file's 0600:
+    a table on shared storage stays readable by the jobs of other users."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()

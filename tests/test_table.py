@@ -67,6 +67,20 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatc
     assert [p.name for p in tmp_path.iterdir()] == ["d.yaml"]
 
 
+def test_a_written_file_has_the_mode_open_would_give_it(tmp_path):
+    """Not the temporary file's 0600: a table on shared storage must stay readable by other users' jobs."""
+    path = tmp_path / "d.yaml"
+    old = os.umask(0o022)
+    try:
+        Table(get_backend("cpu").fingerprint(), []).save(path)
+        assert path.stat().st_mode & 0o777 == 0o644
+        path.chmod(0o640)  # a file that exists keeps its mode
+        Table(get_backend("cpu").fingerprint(), []).save(path)
+        assert path.stat().st_mode & 0o777 == 0o640
+    finally:
+        os.umask(old)
+
+
 @pytest.mark.parametrize("doc, where, what", [
     ("version: 1\nentries: [\n", "t.yaml", "not valid YAML at line"),
     ("- just\n- a list\n", "t.yaml", "expected a mapping"),
