@@ -64,7 +64,11 @@ def new(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     if torch._C._autograd._profiler_enabled():
         with torch.profiler.record_function(f"{MARK}{b.ctypes.data} {nbytes}"):
             pass
-    return torch.from_numpy(b).view(dtype).view(shape)
+    out = torch.from_numpy(b).view(dtype).view(shape)
+    if torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory:
+        # as torch.empty then fills (the numerics check relies on it: an output a kernel leaves unwritten shows)
+        out.fill_(math.nan if dtype.is_floating_point else torch.iinfo(dtype).max)
+    return out
 
 
 def held() -> int:

@@ -78,3 +78,23 @@ def test_a_pooled_output_is_marked_for_the_profiler_with_its_block_and_bytes():
         empty((3, 5))
     marks = [e.name() for e in prof.profiler.kineto_results.events() if e.name().startswith(_outputs.MARK)]
     assert marks == [f"{_outputs.MARK}{a.data_ptr()} {a.numel() * a.element_size()}"]
+
+
+def test_a_reused_output_is_poisoned_where_torch_empty_would_be():
+    """Under the numerics check (deterministic algorithms filling new memory) a reused block comes filled with
+    nan, as torch.empty's would: an output a kernel leaves unwritten must not show last call's values."""
+    from nki_autotune.autotune.numerics import poisoned
+
+    shape = _big()
+    a = empty(shape)
+    a.fill_(1.0)
+    ptr = a.data_ptr()
+    del a
+    with poisoned():
+        b = empty(shape)
+        ints = empty((shape[0], shape[1]), torch.int32)
+    assert b.data_ptr() == ptr and bool(b.isnan().all())
+    assert bool((ints == torch.iinfo(torch.int32).max).all())
+    del b
+    c = empty(shape)  # outside the check: contents undefined, nothing filled
+    assert c.data_ptr() == ptr and bool(c.isnan().all())  # (still last call's values)
