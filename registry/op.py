@@ -211,8 +211,8 @@ def ops() -> dict[str, Op]:
 
 
 def registered() -> int:
-    """How many ops are registered: the switches in force are rebuilt when a module registers more."""
-    return len(_OPS)
+    """How many ops and impls are registered: the switches in force are rebuilt when a module registers more."""
+    return len(_OPS) + sum(len(op.impls) for op in _OPS.values())
 
 
 def get_op(name: str) -> Op:

@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import env as _s
 from .backend import backends
@@ -31,7 +31,7 @@ class View:
     tables: tuple[Table, ...]
     generation: int
     ops: int = 0
-    """How many ops were registered when the tables were loaded (entries of later ones wait for a new view)."""
+    """``registered()`` when the tables were loaded (entries of later ops and impls wait for a new view)."""
 
 
 class _Guard:
@@ -79,8 +79,9 @@ def _view(s: _s.Settings) -> View:
 
 
 def check_switches(s: _s.Settings | None = None, registered_only: bool = False) -> None:
-    """Per-op switches must name registered ops and impls. ``registered_only`` checks only the ops registered
-    so far (the pack's import: a user's module may register the others after it)."""
+    """Per-op switches must name registered ops and impls. ``registered_only`` checks only what is registered
+    so far (the pack's import: a user's module may register other ops and impls after it; dispatch refuses
+    an impl still unknown at the call)."""
     s = s or settings()
     known = ops()
     for name, value in s.per_op.items():
@@ -91,7 +92,7 @@ def check_switches(s: _s.Settings | None = None, registered_only: bool = False) 
             names = ", ".join(_s.KERNEL_OP + n.upper() for n in sorted(known))
             raise _s.SettingsError(f"{var} names no registered op; known: {names}")
         impls = known[name].impls
-        if value not in _s.MODES and value not in impls:
+        if value not in _s.MODES and value not in impls and not registered_only:
             allowed = ", ".join((*_s.MODES, *impls))
             raise _s.SettingsError(f"{var}={value!r} is not allowed; use one of: {allowed}")
 
@@ -100,7 +101,8 @@ _warned: set[int] = set()
 
 
 def warn_unknown(view: View) -> None:
-    """Once per view: per-op switches that name no registered op (a typo, or a module never imported)."""
+    """Once per view: per-op switches that name no registered op, and table entries of ops or impls not registered
+    (a typo, or a module never imported)."""
     if view.generation in _warned:
         return
     _warned.add(view.generation)
@@ -109,6 +111,11 @@ def warn_unknown(view: View) -> None:
         names = ", ".join(_s.KERNEL_OP + n.upper() for n in unknown)
         warnings.warn(f"nki-autotune: {names} name{'s' if len(unknown) == 1 else ''} no registered op; known: "
                       f"{', '.join(sorted(ops()))}", stacklevel=4)
+    for t in view.tables:
+        if t.skipped:
+            listed = "; ".join(f"entries[{i}] names {what}" for i, what in t.skipped.items())
+            warnings.warn(f"nki-autotune: dispatch table {t.path}: ignoring entries of what is not registered "
+                          f"(import the module that registers it before the first call): {listed}", stacklevel=4)
 
 
 def entry_impl(entry: Entry) -> Impl | None:
@@ -178,7 +185,11 @@ def scope(**env: str) -> Iterator[_s.Settings]:
     """
     new = _s.read_settings(env)
     check_switches(new)
-    v = _by_ident.get(new.ident()) or _view(new)
+    v = _by_ident.get(new.ident())
+    if v is None or v.ops != registered():
+        v = _view(new)
+    elif v.settings != new:  # the same switches and tables, other settings (logging): the same generation
+        v = replace(v, settings=new)
     token = _scoped.set(v)
     guard.generation = v.generation
     try:

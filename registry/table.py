@@ -96,6 +96,8 @@ class Table:
     path: str | None = None
     stale: dict[int, str] = field(default_factory=dict)
     """Index -> why: entries tuned for other kernel source, which dispatch ignores (set by the loader)."""
+    skipped: dict[int, str] = field(default_factory=dict)
+    """Index in the file -> what it names: entries of ops or impls not registered when it was read."""
 
     def __post_init__(self) -> None:
         self._index = {e.key: i for i, e in enumerate(self.entries)}
@@ -137,8 +139,9 @@ def _fail(e: FormatError) -> TableError:
 def parse_table(data: Any, path: str, ops: Mapping[str, Op] | None = None, unknown_ops: str = "error") -> Table:
     """Validate ``data`` (parsed YAML) against the format, and against the registered ``ops`` when given.
 
-    ``unknown_ops="skip"`` leaves out the entries of ops not registered (yet): dispatch loads tables when the
-    pack is imported, before a user's module registers its own ops."""
+    ``unknown_ops="skip"`` leaves out the entries of ops or impls not registered (yet), listing them in
+    ``Table.skipped``: dispatch loads tables when the pack is imported, before a user's module registers its own
+    ops and impls."""
     try:
         top = Fields(data, path)
         top.unknown(_TOP)
@@ -151,9 +154,11 @@ def parse_table(data: Any, path: str, ops: Mapping[str, Op] | None = None, unkno
             raise top.fail("fingerprint.backend", "missing; it names the backend the table was tuned on")
         created = str(top.get("created", (str, datetime), default=""))
         raw_entries = top.get("entries", list)
-        entries, seen = [], {}
+        entries, seen, skipped = [], {}, {}
         for i, raw in enumerate(raw_entries):
-            if unknown_ops == "skip" and ops is not None and isinstance(raw, dict) and raw.get("op") not in ops:
+            missing = _unregistered(raw, ops) if unknown_ops == "skip" and ops is not None else None
+            if missing is not None:
+                skipped[i] = missing
                 continue
             entry = _parse_entry(raw, f"{path}: entries[{i}]", ops)
             if entry.key in seen:
@@ -164,7 +169,21 @@ def parse_table(data: Any, path: str, ops: Mapping[str, Op] | None = None, unkno
         raise
     except FormatError as e:
         raise _fail(e) from None
-    return Table(fingerprint=dict(fingerprint), entries=entries, created=created, path=path)
+    return Table(fingerprint=dict(fingerprint), entries=entries, created=created, path=path, skipped=skipped)
+
+
+def _unregistered(raw: Any, ops: Mapping[str, Op]) -> str | None:
+    """What an entry names that is not registered (its op, or the impl it chose), if anything."""
+    if not isinstance(raw, dict):
+        return None
+    op = ops.get(raw.get("op"))
+    if op is None:
+        return f"op {raw.get('op')!r}"
+    choice = raw.get("choice")
+    impl = choice.get("impl") if isinstance(choice, dict) else None
+    if isinstance(impl, str) and impl not in op.impls:
+        return f"impl {op.name}.{impl}"
+    return None
 
 
 def _parse_input(f: Fields, j: int, item: Any, mode: str) -> TensorSpec:

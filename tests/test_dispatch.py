@@ -129,3 +129,23 @@ def test_scope_stays_in_its_thread():
     t.join()
     assert seen["other"] == "compiler"
     assert explain("rmsnorm", x, w).path == "compiler"
+
+
+def test_a_scope_that_differs_only_in_logging_logs(caplog):
+    """Scopes with the same switches share their tables and compiled graphs, but each keeps its own settings."""
+    from nki_autotune.registry import settings
+
+    with scope(NKI_AUTOTUNE_KERNELS="auto") as quiet:
+        generation = switches_generation()
+        assert not settings().log and not quiet.log
+    with scope(NKI_AUTOTUNE_KERNELS="auto", NKI_AUTOTUNE_LOG="1"):
+        assert settings().log and switches_generation() == generation
+        with caplog.at_level(logging.INFO, logger="nki_autotune.dispatch"):
+            nk.rmsnorm(torch.randn(3, 40), torch.ones(40))
+    assert "rmsnorm" in caplog.text
+
+
+def switches_generation() -> int:
+    from nki_autotune.registry.switches import current
+
+    return current().generation

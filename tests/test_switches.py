@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -139,3 +144,57 @@ def test_first_table_wins(switches, write_table):
     assert explain("rmsnorm", *_xw()).path == "kernel"
     switches(NKI_AUTOTUNE_TABLE=os.pathsep.join([b, a]))
     assert explain("rmsnorm", *_xw()).path == "compiler"
+
+
+USER_IMPL = '''
+import torch
+from nki_autotune.registry import Impl, get_op, register_impl
+
+def forward(tensors, attrs, config):
+    x, w = tensors
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + attrs["eps"]) * w, torch.empty(x.shape[:-1]))
+
+register_impl(Impl(op=get_op("rmsnorm"), name="mine", backend="cpu", forward=forward,
+                   fake=lambda t, a: (torch.empty_like(t[0]), t[0].new_empty(t[0].shape[:-1])),
+                   supports=lambda specs, attrs: None, saved=1))
+'''
+
+
+@pytest.mark.parametrize("switch", ["table", "per-op switch"])
+def test_a_user_impl_of_a_pack_op_is_named_before_its_module_registers_it(tmp_path, switch):
+    """The pack reads tables and switches at import, before a user's module can register an impl of one of its
+    ops: the impl is found once registered; an entry whose impl is never registered is ignored, with a warning."""
+    from nki_autotune.registry import Table, get_backend
+
+    (tmp_path / "myimpl.py").write_text(USER_IMPL)
+    table = tmp_path / "t.yaml"
+    Table(get_backend("cpu").fingerprint(), [Entry(rmsnorm_key((4, 8), mode="inference"), "mine")]).save(table)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NKI_AUTOTUNE_")}
+    env["PYTHONPATH"] = str(tmp_path)
+    if switch == "table":
+        env["NKI_AUTOTUNE_TABLE"] = str(table)
+    else:
+        env["NKI_AUTOTUNE_KERNEL_RMSNORM"] = "mine"
+    code = textwrap.dedent("""
+        import sys, warnings
+        import torch
+        import nki_autotune.kernels as nk
+        from nki_autotune.registry import explain
+        x, w = torch.randn(4, 8), torch.ones(8)
+        if sys.argv[1] == "import":
+            import myimpl
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with torch.no_grad():
+                nk.rmsnorm(x, w)
+            print("PATH", explain("rmsnorm", x, w).impl)
+        print("WARN", " | ".join(str(c.message) for c in caught))
+    """)
+    run = [sys.executable, "-c", code]
+    r = subprocess.run([*run, "import"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "PATH mine" in r.stdout
+    if switch == "table":
+        r = subprocess.run([*run, "no"], capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert "PATH None" in r.stdout and "entries[0] names impl rmsnorm.mine" in r.stdout
