@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .specs import Key, OpLike, TensorSpec
 
@@ -13,6 +14,17 @@ from .specs import Key, OpLike, TensorSpec
 def raw_of(tensors: Sequence[torch.Tensor]) -> tuple:
     """What the key depends on, cheaply and hashably: dispatch caches its decision on this."""
     return tuple([(t.shape, t.stride(), t.dtype, t.device, t.requires_grad) for t in tensors])
+
+
+def symbolic(raw: tuple) -> bool:
+    """Whether a call traced with dynamic shapes has a symbolic size or stride (no key can be made of it).
+
+    Under Dynamo a symbolic int passes for an int (``isinstance`` included); what tells them apart without a
+    guard is whether a bound on it is known statically (a size has no upper bound)."""
+    return not all(statically_known_true(d < _BOUND) for shape, strides, *_ in raw for d in (*shape, *strides))
+
+
+_BOUND = 1 << 62
 
 
 def spec_of(raw: tuple, grad_enabled: bool) -> TensorSpec:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from . import recorder, switches
-from .callkey import devices_of, key_of_call, raw_of
+from .callkey import devices_of, key_of_call, raw_of, symbolic
 from .op import Op, get_op
 from .precedence import Explanation, resolve
 
@@ -67,6 +67,8 @@ def call(op: Op, tensors: tuple, attrs: tuple) -> Any:
     raw = raw_of(tensors)
     grad = torch.is_grad_enabled()
     if torch.compiler.is_compiling():
+        if symbolic(raw):  # dynamic shapes: tables and supports() speak of static shapes only
+            return op.reference(*tensors, *attrs)
         generation = switches.guard.generation  # a plain attribute: the graph guards on it
     else:
         generation = switches.current().generation  # this context's switches

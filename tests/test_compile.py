@@ -141,3 +141,24 @@ def test_scoped_switches_give_their_own_graphs_and_switching_back_reuses_them(sw
         _run(fn, KERNEL_AT, steps=1)
     assert len(graphs.dynamo) == 2
     assert [FWD in targets(g) for g in graphs.forward] == [True, False]
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic=True"])
+def test_dynamic_shapes_take_the_compiler_path_without_a_break(switches, dynamic):
+    """Tables and supports() speak of static shapes: where torch.compile traces with symbolic ones (its default
+    after a second shape, or dynamic=True), the call is the expression, fused like any other code, with no
+    graph break and no error, kernels on or off."""
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    graphs = Graphs()
+    fn = torch.compile(block, backend=graphs, fullgraph=True, dynamic=dynamic)
+    for rows in (8, 12, 20):
+        loss, x, w = _run(fn, (rows, 64), steps=1)
+        with torch.no_grad():
+            h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w * 2.0 + x
+            ref = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * w).sum()
+        assert rel_err(loss.detach(), ref) < 1e-5
+    assert counters["graph_break"] == {}
+    static = graphs.forward[:1] if dynamic is None else []  # automatic: the first shape is traced static
+    assert all(FWD in targets(g) for g in static)
+    assert not any("nki_autotune" in t for g in graphs.forward[len(static):] for t in targets(g))
+    assert len(graphs.forward) == len(static) + 1  # one graph for every later shape
