@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -109,13 +110,15 @@ def cmd_run(args, console: Console) -> int:
             raise UsageError(f"--ops names unknown op(s) {', '.join(unknown)}; known: {', '.join(sorted(registered))}")
     if args.threshold < 1.0:
         raise UsageError(f"--threshold must be at least 1.0, got {args.threshold}")
-    if args.trial_timeout <= 0:
-        raise UsageError(f"--trial-timeout must be positive, got {args.trial_timeout}")
     options = Options(trials=args.trials, threshold=args.threshold, seed=args.seed, budget_s=args.budget,
                       mode=args.mode, ops=wanted,
                       search_rounds=args.rounds, final_rounds=args.final_rounds, retries=args.retries,
                       pause_s=args.pause)
     storage_url = args.storage or default_storage()
+    try:
+        storage = open_storage(storage_url)
+    except ValueError as e:
+        raise UsageError(f"--storage {storage_url}: {e}") from None
     console.print(f"tuning {args.profile} on backend [bold]{backend.name}[/] ({backend.fingerprint()['device']}); "
                   f"studies in {storage_url}")
     memory = int(args.trial_memory * 2**30) if args.trial_memory else default_memory_limit()
@@ -124,7 +127,7 @@ def cmd_run(args, console: Console) -> int:
                   console=console, transient=False, disable=args.quiet) as progress:
         bar = _Bar(progress, args.trials, console)
         bench = IsolatedBench(backend.name, options.measure(), args.imports, args.trial_timeout, memory, bar.note)
-        search = Search(open_storage(storage_url), backend.fingerprint(), trials=args.trials, seed=args.seed,
+        search = Search(storage, backend.fingerprint(), trials=args.trials, seed=args.seed,
                         lease_s=bench.longest_s)
         try:
             tuner = Tuner(backend, search, bench, options, listener=bar)
@@ -356,6 +359,29 @@ def cmd_selftest(args, console: Console) -> int:
 # -- entry point --------------------------------------------------------------------------------------------------
 
 
+def _at_least(lo: float, kind: type = int) -> Callable[[str], float]:
+    """An argparse type: a number of ``kind`` no smaller than ``lo`` (a bad one exits 2, naming the option)."""
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"must be at least {lo}, got {text}")
+        return value
+
+    return parse
+
+
+def _positive(text: str) -> float:
+    """An argparse type: a number above 0."""
+    value = _at_least(0.0, float)(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
 def _imports(p: argparse.ArgumentParser) -> None:
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE first (repeatable): it registers its own ops and impls")
@@ -377,20 +403,20 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--mode", choices=("training", "inference", "both"), default=None,
                    help="tune every key in this mode (default: as recorded, training where the call needed a "
                         "gradient)")
-    r.add_argument("--trials", type=int, default=16, help="trials per (key, impl) study")
-    r.add_argument("--budget", type=float, default=None, help="seconds; no new trial starts after it")
+    r.add_argument("--trials", type=_at_least(1), default=16, help="trials per (key, impl) study")
+    r.add_argument("--budget", type=_at_least(0.0, float), default=None, help="seconds; no new trial starts after it")
     r.add_argument("--storage", default=None, help="Optuna storage URL (sqlite, postgresql, mysql, journal:///path)")
     r.add_argument("--ops", default=None, help="comma-separated ops to tune (default: all)")
     r.add_argument("--threshold", type=float, default=1.05, help="minimum median speedup to enable a kernel")
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--rounds", type=int, default=15, help="timed rounds per trial")
-    r.add_argument("--final-rounds", type=int, default=40, help="timed rounds of the final comparison")
-    r.add_argument("--retries", type=int, default=2,
+    r.add_argument("--rounds", type=_at_least(3), default=15, help="timed rounds per trial")
+    r.add_argument("--final-rounds", type=_at_least(3), default=40, help="timed rounds of the final comparison")
+    r.add_argument("--retries", type=_at_least(0), default=2,
                    help="times a key is measured again when the machine was disturbed while measuring it")
-    r.add_argument("--pause", type=float, default=5.0, help="seconds to wait before measuring again")
-    r.add_argument("--trial-timeout", type=float, default=300.0,
+    r.add_argument("--pause", type=_at_least(0.0, float), default=5.0, help="seconds to wait before measuring again")
+    r.add_argument("--trial-timeout", type=_positive, default=300.0,
                    help="seconds one trial may take (compile, numerics, timing); a hung config is killed")
-    r.add_argument("--trial-memory", type=float, default=None,
+    r.add_argument("--trial-memory", type=_positive, default=None,
                    help="GiB the worker may use before a trial is stopped (default: 80%% of the machine's memory)")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     _imports(r)
@@ -426,8 +452,8 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="time the full training step under a table, every kernel off and on")
     v.add_argument("table")
     v.add_argument("step", help="path/to/file.py:function or package.module:function returning a step callable")
-    v.add_argument("--rounds", type=int, default=20, help="interleaved rounds of every variant")
-    v.add_argument("--warmup", type=int, default=3, help="untimed steps of each variant first")
+    v.add_argument("--rounds", type=_at_least(3), default=20, help="interleaved rounds of every variant")
+    v.add_argument("--warmup", type=_at_least(0), default=3, help="untimed steps of each variant first")
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--tolerance", type=float, default=1e-3,
                    help="largest relative difference of loss and gradients against every kernel off")

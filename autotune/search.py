@@ -33,6 +33,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import optuna
+import sqlalchemy
 from optuna.storages import JournalStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
@@ -57,7 +58,8 @@ def default_storage() -> str:
 
 
 def open_storage(url: str | None, heartbeat_s: int = HEARTBEAT_S) -> Any:
-    """An Optuna storage from a URL: any RDB URL (with heartbeats), or ``journal:///path`` for a journal file."""
+    """An Optuna storage from a URL: any RDB URL (with heartbeats), or ``journal:///path`` for a journal file.
+    A URL no installed database driver takes is a ValueError."""
     url = url or default_storage()
     if url.startswith("journal:"):
         path = url.split(":", 1)[1].removeprefix("//")
@@ -66,6 +68,11 @@ def open_storage(url: str | None, heartbeat_s: int = HEARTBEAT_S) -> Any:
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
         os.makedirs(os.path.dirname(os.path.abspath(url.removeprefix("sqlite:///"))), exist_ok=True)
     url = _driver(url)
+    try:  # a malformed URL or an unknown database fails here, at once, not after the retries below
+        sqlalchemy.engine.make_url(url).get_dialect()
+    except Exception as e:
+        raise ValueError(f"not a storage URL this machine can open ({type(e).__name__}: {e}); use sqlite:///PATH, "
+                         "postgresql://..., mysql://... or journal:///PATH") from None
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     if url == "sqlite:///:memory:":  # one process, one thread: nobody to hand work back to
         return optuna.storages.RDBStorage(url, engine_kwargs=engine)

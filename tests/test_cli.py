@@ -103,6 +103,14 @@ def test_record_runs_a_command_and_writes_its_profile(tmp_path):
     (["run", "good.yaml", "-o", "t.yaml", "--backend", "neuron"], "backend neuron is not available here"),
     (["show", "bad.yaml"], "bad.yaml: field 'sites': unknown field"),
     (["record", "-o", "p.yaml"], "record needs a command"),
+    (["run", "good.yaml", "-o", "t.yaml", "--rounds", "0"], "argument --rounds: must be at least 3, got 0"),
+    (["run", "good.yaml", "-o", "t.yaml", "--final-rounds", "1"], "argument --final-rounds: must be at least 3"),
+    (["run", "good.yaml", "-o", "t.yaml", "--trials", "0"], "argument --trials: must be at least 1, got 0"),
+    (["run", "good.yaml", "-o", "t.yaml", "--budget", "-5"], "argument --budget: must be at least 0.0, got -5"),
+    (["run", "good.yaml", "-o", "t.yaml", "--trial-timeout", "0"], "argument --trial-timeout: must be above 0"),
+    (["run", "good.yaml", "-o", "t.yaml", "--trials", "two"], "argument --trials: expected an integer, got 'two'"),
+    (["run", "good.yaml", "-o", "t.yaml", "--storage", "bogus://x"], "--storage bogus://x: not a storage URL"),
+    (["verify", "t.yaml", "s.py:f", "--rounds", "1"], "argument --rounds: must be at least 3, got 1"),
 ])
 def test_bad_input_exits_2_with_a_message(tmp_path, args, message):
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"version": 1, "sites": [{**GOOD, "op": "layernorm"}]}))
