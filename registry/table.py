@@ -172,6 +172,24 @@ def parse_table(data: Any, path: str, ops: Mapping[str, Op] | None = None, unkno
     return Table(fingerprint=dict(fingerprint), entries=entries, created=created, path=path, skipped=skipped)
 
 
+def _measured(f: Fields) -> dict[str, Any]:
+    """The ``measured`` field, free-form but for the values readers format (``show``, ``diff``, dispatch)."""
+    m = dict(f.get("measured", dict, default={}))
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    for k in ("kernel_us", "compiler_us", "speedup", "tolerance"):
+        if k in m and not number(m[k]):
+            raise f.fail(f"measured.{k}", f"expected a number, got {m[k]!r}")
+    ci = m.get("ci95")
+    if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(number(v) for v in ci)):
+        raise f.fail("measured.ci95", f"expected [low, high], two numbers, got {ci!r}")
+    if not isinstance(m.get("calibration", {}), dict):
+        raise f.fail("measured.calibration", f"expected a mapping, got {m['calibration']!r}")
+    return m
+
+
 def _unregistered(raw: Any, ops: Mapping[str, Op]) -> str | None:
     """What an entry names that is not registered (its op, or the impl it chose), if anything."""
     if not isinstance(raw, dict):
@@ -240,15 +258,20 @@ def _parse_entry(raw: Any, where: str, ops: Mapping[str, Op] | None) -> Entry:
             if impl not in op.impls:
                 raise f.fail("choice.impl", f"unknown impl {impl!r} of {name}; it has: {', '.join(op.impls) or 'none'}")
             space = op.impls[impl].space
-            for p in config:
+            for p, v in config.items():
                 if p not in space:
                     raise f.fail(f"choice.config.{p}", f"not a parameter of {name}.{impl}; it has: {', '.join(space)}")
+                if v not in space[p]:
+                    raise f.fail(f"choice.config.{p}", f"{v} is not a value of {name}.{impl}'s {p}; it takes: "
+                                                       f"{', '.join(map(str, space[p]))}")
             config = {**op.impls[impl].default, **config}
+            if not op.impls[impl].allows(config, key):
+                raise f.fail("choice.config", f"{name}.{impl}'s constraint does not admit {config} at this key")
     sites = f.get("sites", list, default=[])
     return Entry(
         key=key, impl=impl, config=config, sites=[str(s) for s in sites],
         source=f.get("source", str, default=None),
-        measured=dict(f.get("measured", dict, default={})),
+        measured=_measured(f),
         reason=str(f.get("reason", str, default="")),
         module=f.get("module", str, default=None),
     )

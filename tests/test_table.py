@@ -97,7 +97,14 @@ def test_a_written_file_has_the_mode_open_would_give_it(tmp_path):
     (_doc(choice={"impl": "nki_fast"}), "entries[1] (rmsnorm)", "field 'choice.impl': unknown impl 'nki_fast'"),
     (_doc(choice={"impl": "cpu_rows", "config": {"tile": 3}}), "entries[1] (rmsnorm)", "choice.config.tile"),
     (_doc(choice={"impl": "cpu_rows", "config": {"threads": "2"}}), "entries[1] (rmsnorm)", "expected an integer"),
+    (_doc(choice={"impl": "cpu_rows", "config": {"threads": 0}}), "entries[1] (rmsnorm)",
+     "field 'choice.config.threads': 0 is not a value of rmsnorm.cpu_rows's threads; it takes: 1"),
+    (_doc(choice={"impl": "cpu_rows", "config": {"threads": 2, "rows_per_task": 256}}), "entries[1] (rmsnorm)",
+     "field 'choice.config': rmsnorm.cpu_rows's constraint does not admit"),
     (_doc(sites="model.norm"), "entries[1] (rmsnorm)", "field 'sites': expected a list"),
+    (_doc(measured={"speedup": "fast"}), "entries[1] (rmsnorm)", "field 'measured.speedup': expected a number"),
+    (_doc(measured={"ci95": [1]}), "entries[1] (rmsnorm)", "field 'measured.ci95': expected [low, high]"),
+    (_doc(measured={"calibration": 5}), "entries[1] (rmsnorm)", "field 'measured.calibration': expected a mapping"),
     (_doc(colour="red"), "entries[1] (rmsnorm)", "field 'colour': unknown field"),
 ])
 def test_malformed_tables_name_file_entry_and_field(tmp_path, doc, where, what):
