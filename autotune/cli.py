@@ -229,7 +229,8 @@ def cmd_record(args, console: Console) -> int:
     if command:
         for old in [out, *out.parent.glob(f"{out.stem}.rank*{out.suffix}")]:
             old.unlink(missing_ok=True)
-        env = {**os.environ, RECORD: str(out), RECORD_SAMPLES: "1" if args.samples else "0"}
+        samples = args.samples or read_settings(os.environ).record_samples  # --samples, or the variable
+        env = {**os.environ, RECORD: str(out), RECORD_SAMPLES: "1" if samples else "0"}
         console.print(f"recording {' '.join(command)} -> {args.output}")
         rc = subprocess.run(command, env=env).returncode
         if rc != 0:

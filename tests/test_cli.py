@@ -237,3 +237,16 @@ def test_the_readmes_adding_a_kernel_works_as_written(tmp_path):
     r = subprocess.run([sys.executable, "-c", use], capture_output=True, text=True, cwd=tmp_path,
                        env={**clean, **env, "NKI_AUTOTUNE_KERNEL_AXPY": "on"})  # set before the op exists
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr
+
+
+def test_record_saves_samples_when_the_variable_asks_for_them(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        import nki_autotune.kernels as nk
+        nk.embedding(torch.tensor([[1, 2, 3]]), torch.randn(5, 4))
+    """))
+    r = cli("record", "-o", str(tmp_path / "p.yaml"), "--", sys.executable, str(script), cwd=tmp_path,
+            env={"NKI_AUTOTUNE_RECORD_SAMPLES": "1"})
+    assert r.returncode == 0, r.stderr
+    assert list((tmp_path / "p.samples").glob("*.pt")) and "samples:" in (tmp_path / "p.yaml").read_text()
