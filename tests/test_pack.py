@@ -360,3 +360,14 @@ def test_under_torch_compile_the_kernel_is_in_the_graph_without_breaks(switches,
         assert (str(impl.fwd_op) in targets) == present
         torch.testing.assert_close(_first(out), _first(ref(*inputs)), rtol=1e-4, atol=1e-5)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("call", [
+    lambda: nk.softmax(torch.randn(3, 4), dim=1.5),
+    lambda: nk.segment_sum(torch.randn(3, 4), torch.tensor([0, 1, 1]), 2.0),
+    lambda: nk.cross_entropy(torch.randn(3, 4), torch.tensor([0, 1, 2]), ignore_index=1.0),
+    lambda: nk.embedding(torch.tensor([0, 1]), torch.randn(3, 4), padding_idx=0.5),
+], ids=["softmax dim", "segment_sum num_segments", "cross_entropy ignore_index", "embedding padding_idx"])
+def test_a_float_where_pytorch_takes_an_integer_is_refused_as_pytorch_refuses_it(call):
+    with pytest.raises(TypeError, match="cannot be interpreted as an integer"):
+        call()

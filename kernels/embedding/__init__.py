@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from ...registry import call
@@ -13,7 +15,7 @@ from .op import EMBEDDING
 def embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
     """Same result as ``torch.nn.functional.embedding(ids, weight, padding_idx)``: the weight gradient's row
     ``padding_idx`` (negative counts from the end) stays zero."""
-    return call(EMBEDDING, (ids, weight), (None if padding_idx is None else int(padding_idx),))
+    return call(EMBEDDING, (ids, weight), (None if padding_idx is None else operator.index(padding_idx),))
 
 
 __all__ = ["EMBEDDING", "embedding"]

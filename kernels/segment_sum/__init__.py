@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from ...registry import call
@@ -12,7 +14,7 @@ from .op import SEGMENT_SUM
 
 def segment_sum(src: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
     """Same result as ``src.new_zeros(num_segments, *src.shape[1:]).index_add_(0, index, src)``."""
-    return call(SEGMENT_SUM, (src, index), (int(num_segments),))
+    return call(SEGMENT_SUM, (src, index), (operator.index(num_segments),))
 
 
 __all__ = ["SEGMENT_SUM", "segment_sum"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from ...registry import call
@@ -12,7 +14,7 @@ from .op import SOFTMAX
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Same result as ``torch.softmax(x, dim)``."""
-    return call(SOFTMAX, (x,), (int(dim),))
+    return call(SOFTMAX, (x,), (operator.index(dim),))
 
 
 __all__ = ["SOFTMAX", "softmax"]
