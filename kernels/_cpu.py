@@ -185,32 +185,47 @@ def exp32(x):
     return x if x != x else e
 
 
+PART = 512
+"""Columns per step of the one-pass max and sum (2 KiB of float32): a part's max and its exponentials are taken
+while it sits in L1, so a row longer than the caches is read from memory once, and the next parts stream in while
+this one's exponentials are computed (cross-entropy's forward at 1024 x 32000: 3.3 ms in parts of 256-512
+columns, 3.9 in parts of 1024, 4.5 in two passes over each row)."""
+
+
 @inline
 def max_sumexp(x, r, online, skip=-1):
-    """Row r's max m and the sum of exp(x - m) over every column but ``skip``: in one pass rescaling the
-    sum (online) or in two. Leaving a column out of the sum, rather than subtracting it afterwards, keeps
-    the rest of a peaked row exact (cross-entropy's loss and gradient at a confident target)."""
-    zero = np.float32(0.0)
+    """Row r's max m and the sum of exp(x - m) over every column but ``skip``: in one pass over the row, part by
+    part, rescaling the sum where a part raises the max (online), or in two passes. Leaving a column out of the
+    sum, rather than subtracting it afterwards, keeps the rest of a peaked row exact (cross-entropy's loss and
+    gradient at a confident target)."""
+    row = x[r]
+    if not online:
+        m = np.float32(-np.inf)
+        for j in range(row.shape[0]):
+            m = fmax32(m, f32(row[j]))
+        return m, _sumexp_without(row, m, skip)
     m = np.float32(-np.inf)
-    s = zero
-    if online:
-        for j in range(x.shape[1]):
-            v = f32(x[r, j])
-            if v > m:  # exp(v - v) is 1, or nan at v = inf as in PyTorch's two-pass sum
-                e = exp32(v - v)
-                s = s * exp32(m - v) + (zero if j == skip else e)
-                m = v
-            else:  # v = m = -inf adds exp(-inf) = 0, not exp(nan): the max may still rise
-                e = exp32(v - m)
-                s += zero if j == skip or v == -np.inf else e
-    else:
-        for j in range(x.shape[1]):
-            m = fmax32(m, f32(x[r, j]))
-        if skip < 0:
-            s = sumexp(x[r], m)
-        else:  # two slices: a per-column skip test, or a loop from a run-time start, defeats the vectoriser
-            s = sumexp(x[r, :skip], m) + sumexp(x[r, skip + 1:], m)
+    s = np.float32(0.0)
+    for lo in range(0, row.shape[0], PART):
+        part = row[lo:lo + PART]
+        mp = m
+        for j in range(part.shape[0]):
+            mp = fmax32(mp, f32(part[j]))
+        if mp != m:  # the max rose (or is nan: then so is the sum, as in two passes)
+            s *= exp32(m - mp)
+            m = mp
+        if m != -np.inf:  # a part of -inf only adds exp(-inf) = 0, not exp(-inf - -inf) = nan: the max may rise
+            s += _sumexp_without(part, m, skip - lo)
     return m, s
+
+
+@inline
+def _sumexp_without(row, m, skip):
+    """The sum of exp(row - m) over every column but ``skip`` (none where it lies outside the row)."""
+    if skip < 0 or skip >= row.shape[0]:
+        return sumexp(row, m)
+    # two slices: a per-column skip test, or a loop from a run-time start, defeats the vectoriser
+    return sumexp(row[:skip], m) + sumexp(row[skip + 1:], m)
 
 
 @inline

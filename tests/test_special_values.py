@@ -21,6 +21,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 import nki_autotune.kernels  # noqa: F401  (registers the ops)
+from nki_autotune.kernels._cpu import PART
 from nki_autotune.registry import Key, TensorSpec, get_op
 
 SPECIALS = (0.0, -0.0, 1e-40, -1e-40, 1e-30, 1e20, -1e20, 1e30, -1e30, math.inf, -math.inf, math.nan)
@@ -313,5 +314,38 @@ def test_kernel_gives_what_pytorch_gives(name):
            seed_specials=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(SPECIALS)), max_size=2))
     def prop(case, config, seed_specials):
         check(case, config, seed_specials)
+
+    prop()
+
+
+@st.composite
+def long_rows(draw) -> Case:
+    """Softmax or cross-entropy over rows of several of the one-pass parts (``PART`` columns each), with a max
+    that rises from part to part (a ramp, so the running sum is rescaled), falls, or stays, and special values
+    anywhere: rows of -inf before a finite part, inf or nan in a later part, the target in any part."""
+    dtype, gen = draw(st.sampled_from(DTYPES)), draw(generators())
+    n, v = draw(st.integers(1, 3)), draw(st.integers(PART + 1, 3 * PART + 5))
+    ramp = torch.linspace(0.0, draw(st.sampled_from([-30.0, 0.0, 30.0])), v)
+    x = (randn(gen, (n, v), torch.float32) + ramp).to(dtype)
+    if draw(st.booleans()):  # the first part of a row all -inf: the sum starts at a later part
+        x[draw(st.integers(0, n - 1)), :PART] = -math.inf
+    x = draw(specials(x))
+    if draw(st.booleans()):
+        return Case("softmax", (x,), (-1,))
+    target = torch.tensor(draw(st.lists(st.sampled_from([-100, 0, PART - 1, PART, v - 1]), min_size=n, max_size=n)))
+    return Case("cross_entropy", (x, target), (-100, draw(st.sampled_from(["mean", "sum"]))))
+
+
+def test_one_pass_max_and_sum_over_the_parts_of_long_rows():
+    """The one-pass (``online=1``) configs, whose parts only rows longer than ``PART`` reach."""
+    def online(name: str) -> list[int]:
+        return [i for i, c in enumerate(cpu_impl(name).configs()) if c["online"] == 1]
+
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(case=long_rows(), pick=st.integers(0, 63),
+           seed_specials=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(SPECIALS)), max_size=2))
+    def prop(case, pick, seed_specials):
+        configs = online(case.op)
+        check(case, configs[pick % len(configs)], seed_specials)
 
     prop()

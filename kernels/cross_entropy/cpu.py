@@ -3,7 +3,8 @@
 Forward keeps only each row's max and the reciprocal of its sum of exps past the max (two floats: one
 log-sum-exp would round the log of the sum away where the max is large), never the softmax; backward
 recomputes exp(logit - max) / sum as it writes the gradient, so a large vocabulary's softmax is materialised
-once, as the gradient itself. ``online=1`` finds max and sum in one pass (rescaling the sum), ``online=0`` in two.
+once, as the gradient itself. ``online=1`` (the default) finds max and sum in one pass over memory, part by part
+(``_cpu.max_sumexp``), ``online=0`` in two passes over each row (the same where a row fits in L1).
 The target's own exponential is kept out of the sum: the loss is then softplus(log(rest) - (x_t - max)) and
 the target's gradient -rest, both exact even when the target's probability rounds to 1.
 float32 or bfloat16 logits (computed in float32, the loss summed in float64). An ignored row adds nothing to
@@ -140,6 +141,6 @@ def constraint(config: dict, key: Key) -> bool:
 CPU_ROWS = register_impl(Impl(
     op=CROSS_ENTROPY, name="cpu_rows", backend="cpu", forward=forward, backward=backward, fake=fake_rows,
     supports=supports, space={"threads": thread_choices(), "online": (0, 1)},
-    default={"threads": max_threads(), "online": 0}, constraint=constraint, saved=1,
+    default={"threads": max_threads(), "online": 1}, constraint=constraint, saved=1,
     reads={"logits": ("logits", "target", "result_1")},
 ))
