@@ -184,17 +184,22 @@ class Impl:
 
 
 _OPS: dict[str, Op] = {}
+_registered = 0
 
 
 def register_op(op: Op) -> Op:
+    global _registered
     if op.name in _OPS and _OPS[op.name] is not op:
         raise ValueError(f"op {op.name} is already registered")
+    if op.name not in _OPS:
+        _registered += 1 + len(op.impls)
     _OPS[op.name] = op
     return op
 
 
 def register_impl(impl: Impl) -> Impl:
     """Add ``impl`` to its op and register its custom operators."""
+    global _registered
     op = impl.op
     if impl.name in op.impls:
         raise ValueError(f"impl {impl.qualname} is already registered")
@@ -202,6 +207,7 @@ def register_impl(impl: Impl) -> Impl:
         raise ValueError(f"impl name {impl.name!r} is reserved for switch values")
     build(impl)
     op.impls[impl.name] = impl
+    _registered += 1
     return impl
 
 
@@ -211,8 +217,9 @@ def ops() -> dict[str, Op]:
 
 
 def registered() -> int:
-    """How many ops and impls are registered: the switches in force are rebuilt when a module registers more."""
-    return len(_OPS) + sum(len(op.impls) for op in _OPS.values())
+    """How many ops and impls are registered: the switches in force are rebuilt when a module registers more
+    (a count kept as they register: dispatch asks on every eager call)."""
+    return _registered
 
 
 def get_op(name: str) -> Op:
