@@ -179,13 +179,13 @@ def _measured(f: Fields) -> dict[str, Any]:
     def number(v: Any) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
 
-    for k in ("kernel_us", "compiler_us", "speedup", "tolerance"):
-        if k in m and not number(m[k]):
+    for k in ("kernel_us", "compiler_us", "speedup", "tolerance"):  # null where nothing was measured
+        if m.get(k) is not None and not number(m[k]):
             raise f.fail(f"measured.{k}", f"expected a number, got {m[k]!r}")
     ci = m.get("ci95")
     if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(number(v) for v in ci)):
         raise f.fail("measured.ci95", f"expected [low, high], two numbers, got {ci!r}")
-    if not isinstance(m.get("calibration", {}), dict):
+    if not isinstance(m.get("calibration") or {}, dict):
         raise f.fail("measured.calibration", f"expected a mapping, got {m['calibration']!r}")
     return m
 

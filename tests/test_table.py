@@ -204,3 +204,12 @@ def test_a_version_this_nki_autotune_does_not_read_is_named(tmp_path):
     doc["version"] = 3
     with pytest.raises(TableError, match=r"unsupported version 3; this nki-autotune reads versions 1, 2"):
         load_table(_write(tmp_path, doc), ops())
+
+
+def test_measured_values_the_tuner_leaves_null_load(tmp_path):
+    """An entry whose kernel was never timed records null times and tolerance: a table the tuner wrote loads."""
+    measured = {"kernel_us": None, "speedup": None, "tolerance": None, "ci95": None, "calibration": None,
+                "rel_err": "nan", "error": "no config ran"}
+    doc = _doc(choice="compiler", attrs={"eps": 1e-5}, measured=measured)
+    table = load_table(_write(tmp_path, doc), ops())
+    assert table.entries[1].impl is None and table.entries[1].measured["error"] == "no config ran"
