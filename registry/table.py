@@ -257,16 +257,19 @@ def _parse_entry(raw: Any, where: str, ops: Mapping[str, Op] | None) -> Entry:
         if op is not None:
             if impl not in op.impls:
                 raise f.fail("choice.impl", f"unknown impl {impl!r} of {name}; it has: {', '.join(op.impls) or 'none'}")
-            space = op.impls[impl].space
-            for p, v in config.items():
-                if p not in space:
-                    raise f.fail(f"choice.config.{p}", f"not a parameter of {name}.{impl}; it has: {', '.join(space)}")
-                if v not in space[p]:
-                    raise f.fail(f"choice.config.{p}", f"{v} is not a value of {name}.{impl}'s {p}; it takes: "
-                                                       f"{', '.join(map(str, space[p]))}")
-            config = {**op.impls[impl].default, **config}
-            if not op.impls[impl].allows(config, key):
-                raise f.fail("choice.config", f"{name}.{impl}'s constraint does not admit {config} at this key")
+            tuned = op.impls[impl]
+            if f.get("source", str, default=None) in (None, tuned.source_hash):
+                # the config is the kernel's as it is now (one tuned for other source is stale: dispatch ignores it)
+                for p, v in config.items():
+                    if p not in tuned.space:
+                        raise f.fail(f"choice.config.{p}",
+                                     f"not a parameter of {name}.{impl}; it has: {', '.join(tuned.space)}")
+                    if v not in tuned.space[p]:
+                        raise f.fail(f"choice.config.{p}", f"{v} is not a value of {name}.{impl}'s {p}; it takes: "
+                                                           f"{', '.join(map(str, tuned.space[p]))}")
+                if not tuned.allows({**tuned.default, **config}, key):
+                    raise f.fail("choice.config", f"{name}.{impl}'s constraint does not admit {config} at this key")
+            config = {**tuned.default, **config}
     sites = f.get("sites", list, default=[])
     return Entry(
         key=key, impl=impl, config=config, sites=[str(s) for s in sites],
