@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.fx.experimental.symbolic_shapes import has_static_value
 
 from .specs import Key, OpLike, TensorSpec
 
@@ -18,13 +18,8 @@ def raw_of(tensors: Sequence[torch.Tensor]) -> tuple:
 
 def symbolic(raw: tuple) -> bool:
     """Whether a call traced with dynamic shapes has a symbolic size or stride (no key can be made of it).
-
-    Under Dynamo a symbolic int passes for an int (``isinstance`` included); what tells them apart without a
-    guard is whether a bound on it is known statically (a size has no upper bound)."""
-    return not all(statically_known_true(d < _BOUND) for shape, strides, *_ in raw for d in (*shape, *strides))
-
-
-_BOUND = 1 << 62
+    Under Dynamo a symbolic int passes for an int, ``isinstance`` included; ``has_static_value`` tells them apart."""
+    return not all(has_static_value(d) for shape, strides, *_ in raw for d in (*shape, *strides))
 
 
 def spec_of(raw: tuple, grad_enabled: bool) -> TensorSpec:

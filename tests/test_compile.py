@@ -162,3 +162,15 @@ def test_dynamic_shapes_take_the_compiler_path_without_a_break(switches, dynamic
     assert all(FWD in targets(g) for g in static)
     assert not any("nki_autotune" in t for g in graphs.forward[len(static):] for t in targets(g))
     assert len(graphs.forward) == len(static) + 1  # one graph for every later shape
+
+
+def test_a_size_marked_dynamic_with_bounds_takes_the_compiler_path(switches):
+    """A bounded symbolic size (mark_dynamic with min and max, torch.export's Dim) is still no static key."""
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    graphs = Graphs()
+    fn = torch.compile(block, backend=graphs, fullgraph=True)
+    x = torch.randn(16, 64, requires_grad=True)
+    torch._dynamo.mark_dynamic(x, 0, min=2, max=1024)
+    fn(x, torch.randn(64, requires_grad=True)).backward()
+    assert counters["graph_break"] == {} and len(graphs.forward) == 1
+    assert not any("nki_autotune" in t for t in targets(graphs.forward[0]))
