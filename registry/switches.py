@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from . import env as _s
 from .backend import backends
 from .op import Impl, ops, registered
-from .table import Entry, Table, TableError, fingerprint_mismatch, load_table, stale_reason
+from .table import Entry, Table, TableError, config_problem, fingerprint_mismatch, load_table, stale_reason
 
 
 @dataclass(frozen=True)
@@ -128,8 +128,8 @@ def entry_impl(entry: Entry) -> Impl | None:
 def load_checked(path: str, s: _s.Settings) -> Table | None:
     """A table, if tuned on this machine; else None with a warning, or an error under strict mode.
 
-    Entries tuned for other kernel source are marked stale (``table.stale``): dispatch ignores them, with a
-    warning here, or an error under strict mode."""
+    Entries tuned for other kernel source, or whose config the kernel does not take on this machine, are marked
+    stale (``table.stale``): dispatch ignores them, with a warning here, or an error under strict mode."""
     table = load_table(path, ops(), unknown_ops="skip")
     backend = backends().get(table.fingerprint["backend"])
     current_fp = backend.fingerprint() if backend is not None and backend.available() else None
@@ -140,13 +140,15 @@ def load_checked(path: str, s: _s.Settings) -> Table | None:
     for i, e in enumerate(table.entries):
         impl = entry_impl(e)
         reason = stale_reason(e, impl.module) if impl is not None else None
+        if reason is None and e.impl is not None:
+            reason = config_problem(e, ops()[e.key.op].impls[e.impl])
         if reason is not None:
             table.stale[i] = reason
     if table.stale:
         listed = "; ".join(f"entries[{i}] {table.entries[i].key.label()}: {r}" for i, r in table.stale.items())
         _complain(s, f"dispatch table {path}: ignoring {len(table.stale)} stale entr"
-                     f"{'y' if len(table.stale) == 1 else 'ies'} (the kernel's source changed since tuning; run "
-                     f"nki-autotune run again): {listed}")
+                     f"{'y' if len(table.stale) == 1 else 'ies'} (tuned for a kernel source or a machine that is not "
+                     f"this one's; run nki-autotune run again): {listed}")
     return table
 
 

@@ -23,7 +23,7 @@ from .specs import DTYPES, MODES, TRAINING, Key, TensorSpec, attrs_key
 from .yamlio import Fields, Flow, FlowDict, FormatError
 
 if TYPE_CHECKING:
-    from .op import Op
+    from .op import Impl, Op
 
 VERSION = 2
 READS = (1, 2)
@@ -95,7 +95,8 @@ class Table:
     created: str = ""
     path: str | None = None
     stale: dict[int, str] = field(default_factory=dict)
-    """Index -> why: entries tuned for other kernel source, which dispatch ignores (set by the loader)."""
+    """Index -> why: entries tuned for other kernel source, or whose config the kernel does not take here, which
+    dispatch ignores (set by the loader)."""
     skipped: dict[int, str] = field(default_factory=dict)
     """Index in the file -> what it names: entries of ops or impls not registered when it was read."""
 
@@ -257,19 +258,11 @@ def _parse_entry(raw: Any, where: str, ops: Mapping[str, Op] | None) -> Entry:
         if op is not None:
             if impl not in op.impls:
                 raise f.fail("choice.impl", f"unknown impl {impl!r} of {name}; it has: {', '.join(op.impls) or 'none'}")
-            tuned = op.impls[impl]
-            if f.get("source", str, default=None) in (None, tuned.source_hash):
-                # the config is the kernel's as it is now (one tuned for other source is stale: dispatch ignores it)
-                for p, v in config.items():
-                    if p not in tuned.space:
-                        raise f.fail(f"choice.config.{p}",
-                                     f"not a parameter of {name}.{impl}; it has: {', '.join(tuned.space)}")
-                    if v not in tuned.space[p]:
-                        raise f.fail(f"choice.config.{p}", f"{v} is not a value of {name}.{impl}'s {p}; it takes: "
-                                                           f"{', '.join(map(str, tuned.space[p]))}")
-                if not tuned.allows({**tuned.default, **config}, key):
-                    raise f.fail("choice.config", f"{name}.{impl}'s constraint does not admit {config} at this key")
-            config = {**tuned.default, **config}
+            space = op.impls[impl].space
+            for p in config:
+                if p not in space:
+                    raise f.fail(f"choice.config.{p}", f"not a parameter of {name}.{impl}; it has: {', '.join(space)}")
+            config = {**op.impls[impl].default, **config}
     sites = f.get("sites", list, default=[])
     return Entry(
         key=key, impl=impl, config=config, sites=[str(s) for s in sites],
@@ -287,6 +280,18 @@ def load_table(path: str | os.PathLike, ops: Mapping[str, Op] | None = None, unk
     except FormatError as e:
         raise _fail(e) from None
     return parse_table(data, str(path), ops, unknown_ops)
+
+
+def config_problem(entry: Entry, impl: Impl) -> str | None:
+    """Why ``entry``'s config is not one ``impl`` takes at its key on this machine (a value outside its space,
+    such as more threads than this machine's pool, or one its constraint refuses), or None."""
+    for p, v in entry.config.items():
+        if v not in impl.space.get(p, ()):
+            return (f"its config {p}={v} is not a value {impl.qualname} takes here "
+                    f"({', '.join(map(str, impl.space.get(p, ())))})")
+    if not impl.allows(entry.config, entry.key):
+        return f"{impl.qualname}'s constraint does not admit its config {entry.config} at this key"
+    return None
 
 
 def stale_reason(entry: Entry, module: str | None) -> str | None:

@@ -5,6 +5,7 @@ and scoped switches stay in their thread."""
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import warnings
 
@@ -108,6 +109,26 @@ def test_stale_entries_are_ignored_with_a_warning_and_refused_under_strict(switc
     assert explain("rmsnorm", x, w).path == "kernel"
     with pytest.raises(TableError, match="stale"):
         switches(NKI_AUTOTUNE_TABLE=path, NKI_AUTOTUNE_STRICT="1")
+
+
+@pytest.mark.parametrize("config, why", [
+    ({"threads": 0, "rows_per_task": 4}, "its config threads=0 is not a value rmsnorm.cpu_rows takes here"),
+    ({"threads": 1, "rows_per_task": 3}, "its config rows_per_task=3 is not a value rmsnorm.cpu_rows takes here"),
+    ({"threads": 2, "rows_per_task": 256}, "rmsnorm.cpu_rows's constraint does not admit its config"),
+])
+def test_an_entry_whose_config_the_kernel_does_not_take_here_is_ignored(switches, write_table, config, why):
+    """A config outside the impl's space on this machine (more threads than its pool, a value the kernel dropped)
+    or refused by its constraint would crash or misbehave in the kernel: dispatch ignores the entry, warning why."""
+    if config["threads"] > max(get_op("rmsnorm").impls["cpu_rows"].space["threads"]):
+        pytest.skip("this machine's thread pool is smaller than the case assumes")
+    entry = Entry(rmsnorm_key((8, 64)), "cpu_rows", config, reason="faster")
+    with pytest.warns(UserWarning, match=f"ignoring 1 stale entry.*{re.escape(why)}"):
+        switches(NKI_AUTOTUNE_TABLE=write_table([entry]))
+    x, w = torch.randn(8, 64, requires_grad=True), torch.randn(64, requires_grad=True)
+    exp = explain("rmsnorm", x, w)
+    assert exp.path == "compiler" and why in exp.reason
+    with pytest.raises(TableError, match=re.escape(why)):
+        switches(NKI_AUTOTUNE_TABLE=write_table([entry], name="strict.yaml"), NKI_AUTOTUNE_STRICT="1")
 
 
 def test_scope_stays_in_its_thread():

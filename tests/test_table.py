@@ -95,14 +95,8 @@ def test_a_written_file_has_the_mode_open_would_give_it(tmp_path):
     (_doc(choice="kernel"), "entries[1] (rmsnorm)", "field 'choice'"),
     (_doc(choice=3), "entries[1] (rmsnorm)", "field 'choice': expected 'compiler'"),
     (_doc(choice={"impl": "nki_fast"}), "entries[1] (rmsnorm)", "field 'choice.impl': unknown impl 'nki_fast'"),
-    (_doc(choice={"impl": "cpu_rows", "config": {"tile": 3}}, source=_DROP), "entries[1] (rmsnorm)",
-     "choice.config.tile"),
+    (_doc(choice={"impl": "cpu_rows", "config": {"tile": 3}}), "entries[1] (rmsnorm)", "choice.config.tile"),
     (_doc(choice={"impl": "cpu_rows", "config": {"threads": "2"}}), "entries[1] (rmsnorm)", "expected an integer"),
-    (_doc(choice={"impl": "cpu_rows", "config": {"threads": 0}}, source=_DROP), "entries[1] (rmsnorm)",
-     "field 'choice.config.threads': 0 is not a value of rmsnorm.cpu_rows's threads; it takes: 1"),
-    (_doc(choice={"impl": "cpu_rows", "config": {"threads": 2, "rows_per_task": 256}}, source=_DROP),
-     "entries[1] (rmsnorm)",
-     "field 'choice.config': rmsnorm.cpu_rows's constraint does not admit"),
     (_doc(sites="model.norm"), "entries[1] (rmsnorm)", "field 'sites': expected a list"),
     (_doc(measured={"speedup": "fast"}), "entries[1] (rmsnorm)", "field 'measured.speedup': expected a number"),
     (_doc(measured={"ci95": [1]}), "entries[1] (rmsnorm)", "field 'measured.ci95': expected [low, high]"),
@@ -215,12 +209,3 @@ def test_measured_values_the_tuner_leaves_null_load(tmp_path):
     doc = _doc(choice="compiler", attrs={"eps": 1e-5}, measured=measured)
     table = load_table(_write(tmp_path, doc), ops())
     assert table.entries[1].impl is None and table.entries[1].measured["error"] == "no config ran"
-
-
-def test_a_stale_entry_keeps_a_config_its_kernel_no_longer_takes(tmp_path):
-    """Tuned for other kernel source, an entry may name a config the kernel has since dropped: it loads, and
-    dispatch ignores it as stale, rather than the table failing to load."""
-    doc = _doc(choice={"impl": "cpu_rows", "config": {"threads": 2, "rows_per_task": 3}}, attrs={"eps": 1e-5},
-               source="0123456789abcdef")
-    table = load_table(_write(tmp_path, doc), ops())
-    assert table.entries[1].config["rows_per_task"] == 3
