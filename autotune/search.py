@@ -9,9 +9,9 @@ The final comparison of an impl's best config is a trial too (``kind: final``), 
 
 A worker that dies leaves its claimed trial RUNNING: on RDB storages Optuna's heartbeat fails it and
 ``RetryFailedTrialCallback`` puts it back; on a journal file, which has no heartbeat of Optuna's, the worker
-stamps its trial with the time (``alive_at``, seconds since the epoch: no time zone) while it runs it, waits for
-the machine lock included; a trial that misses a few stamps (or, not stamped yet, is older than the lease) is
-failed and put back the same way.
+stamps its trial with the time (``alive_at``, seconds since the epoch: no time zone; machines sharing a journal
+need clocks within a minute of each other) while it runs it, waits for the machine lock included; a trial that
+misses a few stamps (or, not stamped yet, is older than the lease) is failed and put back the same way.
 A worker whose trial was taken over meanwhile (it stalled past the lease) drops its own result: the copy stands.
 A config that fails as data (raises, crashes the worker, times out, fails numerics) is a FAIL trial that records
 why: it is never retried.
@@ -68,8 +68,8 @@ def open_storage(url: str | None, heartbeat_s: int = HEARTBEAT_S) -> Any:
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
         os.makedirs(os.path.dirname(os.path.abspath(url.removeprefix("sqlite:///"))), exist_ok=True)
     url = _driver(url)
-    try:  # a malformed URL or an unknown database fails here, at once, not after the retries below
-        sqlalchemy.engine.make_url(url).get_dialect()
+    try:  # a malformed URL, an unknown database or a missing driver fails here, at once, not after the retries
+        sqlalchemy.engine.make_url(url).get_dialect().import_dbapi()
     except Exception as e:
         raise ValueError(f"not a storage URL this machine can open ({type(e).__name__}: {e}); use sqlite:///PATH, "
                          "postgresql://..., mysql://... or journal:///PATH") from None
@@ -91,12 +91,13 @@ def open_storage(url: str | None, heartbeat_s: int = HEARTBEAT_S) -> Any:
 
 
 def _driver(url: str) -> str:
-    """``postgresql://`` with whichever driver is installed (SQLAlchemy's default, psycopg 3, else psycopg2)."""
+    """``postgresql://`` with whichever driver is installed: psycopg2 (SQLAlchemy's default), else psycopg 3."""
     if url.startswith("postgresql://"):
         import importlib.util
 
-        if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
-            return "postgresql+psycopg2://" + url.removeprefix("postgresql://")
+        for module, dialect in (("psycopg2", "postgresql+psycopg2://"), ("psycopg", "postgresql+psycopg://")):
+            if importlib.util.find_spec(module) is not None:
+                return dialect + url.removeprefix("postgresql://")
     return url
 
 
@@ -202,9 +203,9 @@ class Search:
         for t in trials:
             if t.state != TrialState.RUNNING:
                 continue
-            alive = t.user_attrs.get(ALIVE)
-            if isinstance(alive, (int, float)):  # stamped: dead after missing a few stamps
-                dead = now - alive > min(self.lease_s, 6 * self.stamp_s)
+            stamp = t.user_attrs.get(ALIVE)
+            if isinstance(stamp, list) and stamp[:1] == [t.number]:  # stamped: dead after missing a few stamps
+                dead = now - stamp[1] > min(self.lease_s, 6 * self.stamp_s)
             else:
                 dead = t.datetime_start is not None and local_now - t.datetime_start > timedelta(seconds=self.lease_s)
             if dead:
@@ -233,21 +234,25 @@ class Search:
         fixed = {p: impl.default[p] for p in impl.backward_params} if key.mode == "inference" else {}
         free = {p: tuple(v) for p, v in impl.space.items() if p not in fixed}
 
-        ran: list[int] = []
+        taken: list[bool] = []
 
         def objective(trial: optuna.Trial) -> float:
-            ran.append(trial._trial_id)
-            kind = trial.user_attrs.get("kind", TRIAL)
-            values = {p: trial.suggest_categorical(p, list(v)) for p, v in free.items()}
-            cfg = {p: fixed.get(p, values.get(p)) for p in impl.space}
-            trial.set_user_attr("kind", kind)
-            trial.set_user_attr("config", cfg)
-            trial.set_user_attr("worker", WORKER)
-            if kind not in handlers or not impl.allows(cfg, key) or self._taken(study, trial.number, kind, cfg):
-                raise optuna.TrialPruned()
-            with self._stamping(trial._trial_id):
-                res = handlers[kind](cfg)
-            trial.set_user_attr("info", res.info)
+            try:
+                with self._stamping(trial._trial_id, trial.number):
+                    kind = trial.user_attrs.get("kind", TRIAL)
+                    values = {p: trial.suggest_categorical(p, list(v)) for p, v in free.items()}
+                    cfg = {p: fixed.get(p, values.get(p)) for p in impl.space}
+                    trial.set_user_attr("kind", kind)
+                    trial.set_user_attr("config", cfg)
+                    trial.set_user_attr("worker", WORKER)
+                    if kind not in handlers or not impl.allows(cfg, key) or \
+                            self._taken(study, trial.number, kind, cfg):
+                        raise optuna.TrialPruned()
+                    res = handlers[kind](cfg)
+                trial.set_user_attr("info", res.info)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                taken.append(True)  # another worker failed it past the lease and put its work back
+                raise
             on_trial(res)
             if res.failed:
                 raise _Failed(res.info.get("error", "failed"))
@@ -255,15 +260,15 @@ class Search:
 
         try:
             study.optimize(objective, n_trials=1, catch=(_Failed,))
-        except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
-            # another worker failed this trial past its lease and put its work back: that copy stands
-            if not ran or self.storage.get_trial(ran[0]).state != TrialState.FAIL:
+        except ValueError:
+            if not taken:  # Optuna refuses to tell a trial that was taken over: that copy stands, not this result
                 raise
 
     @contextlib.contextmanager
-    def _stamping(self, trial_id: int) -> Iterator[None]:
-        """While the block runs, stamp the trial with the time every few seconds (storages without heartbeats):
-        a worker waiting for the machine lock, or compiling, is alive however long it takes."""
+    def _stamping(self, trial_id: int, number: int) -> Iterator[None]:
+        """While the block runs, stamp the trial with (its number, the time) every few seconds, on storages
+        without heartbeats: a worker waiting for the machine lock, or compiling, is alive however long it takes.
+        A stamp names its trial's number because Optuna copies a failed trial's attributes into its retry."""
         if isinstance(self.storage, optuna.storages.RDBStorage):
             yield
             return
@@ -272,9 +277,11 @@ class Search:
         def stamp() -> None:
             while True:
                 try:
-                    self.storage.set_trial_user_attr(trial_id, ALIVE, time.time())
+                    self.storage.set_trial_user_attr(trial_id, ALIVE, [number, time.time()])
                 except optuna.exceptions.UpdateFinishedTrialError:
-                    return  # taken over: the caller finds out when it reports
+                    return  # taken over: the worker finds out when it reports
+                except Exception:  # a storage hiccup (a network file system): the next stamp may get through
+                    pass
                 if done.wait(self.stamp_s):
                     return
 

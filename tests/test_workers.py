@@ -211,13 +211,14 @@ def test_a_worker_killed_holding_the_last_trial_is_taken_over(tmp_path, storage)
 
 def test_on_a_journal_a_trial_is_alive_while_its_worker_waits_and_dead_once_it_stops_stamping(tmp_path):
     """A worker may wait for the machine lock (or compile) longer than the lease: its stamps keep its trial; a
-    trial whose stamps stopped (its worker died) is put back after a few missed stamps, whatever the time zone."""
+    trial whose stamps stopped (its worker died) is put back after a few missed stamps, whatever the time zone, and
+    its copy, which Optuna gives the dead trial's attributes, is not taken for dead by the old stamp."""
     import threading
 
     from nki_autotune.autotune.search import ALIVE, TRIAL, Search, TrialResult, handlers
     from nki_autotune.registry import Key, TensorSpec, get_op
 
-    search = Search(open_storage(f"journal:///{tmp_path}/studies.log"), {"backend": "cpu"}, trials=2, lease_s=1.0)
+    search = Search(open_storage(f"journal:///{tmp_path}/studies.log"), {"backend": "cpu"}, trials=2, lease_s=2.0)
     op = get_op("rmsnorm")
     impl = op.impls["cpu_rows"]
     key = Key.of(op, (TensorSpec((32, 64), "float32", requires_grad=True),
@@ -230,8 +231,8 @@ def test_on_a_journal_a_trial_is_alive_while_its_worker_waits_and_dead_once_it_s
             seen.extend(t.state.name for t in search._trials(study))
             time.sleep(0.1)
 
-    def slow(cfg):  # waits 3 leases, as for the machine lock
-        time.sleep(3.0)
+    def slow(cfg):  # waits over two leases, as for the machine lock
+        time.sleep(5.0)
         return TrialResult(cfg, 1.5, {})
 
     stop = threading.Event()
@@ -241,10 +242,32 @@ def test_on_a_journal_a_trial_is_alive_while_its_worker_waits_and_dead_once_it_s
     stop.set()
     watcher.join()
     (trial,) = study.get_trials()
-    assert trial.state.name == "COMPLETE" and "FAIL" not in seen and isinstance(trial.user_attrs[ALIVE], float)
+    assert trial.state.name == "COMPLETE" and "FAIL" not in seen and trial.user_attrs[ALIVE][0] == trial.number
 
     dead = optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, user_attrs={
-        "kind": TRIAL, "config": dict(impl.default), ALIVE: time.time() - 10.0})
+        "kind": TRIAL, "config": dict(impl.default)})
     study.add_trial(dead)
+    number = study.get_trials()[-1].number
+    study._storage.set_trial_user_attr(study.get_trials()[-1]._trial_id, ALIVE, [number, time.time() - 100.0])
     states = [t.state.name for t in search._trials(study)]
     assert states.count("FAIL") == 1 and states.count("WAITING") == 1  # failed and its work put back
+    copy = study.ask()  # a worker claims the copy, which carries the dead trial's stamp
+    assert copy.user_attrs[ALIVE][0] == number != copy.number
+    assert [t.state.name for t in search._trials(study)].count("FAIL") == 1  # the copy is not failed for it
+
+
+def test_an_error_of_the_tuner_itself_while_running_a_trial_is_not_taken_for_a_takeover(tmp_path):
+    """Only a trial another worker took over is dropped quietly; anything else the tuner raises propagates."""
+    from nki_autotune.autotune.search import Search, handlers
+    from nki_autotune.registry import Key, TensorSpec, get_op
+
+    search = Search(open_storage(f"journal:///{tmp_path}/studies.log"), {"backend": "cpu"}, trials=2)
+    op = get_op("rmsnorm")
+    key = Key.of(op, (TensorSpec((32, 64), "float32"), TensorSpec((64,), "float32")), {"eps": 1e-6})
+    study = search.study(key, op.impls["cpu_rows"])
+
+    def broken(cfg):
+        raise ValueError("a bug in the bench")
+
+    with pytest.raises(ValueError, match="a bug in the bench"):
+        search._claim(study, key, op.impls["cpu_rows"], handlers(broken, lambda cfg: {}), lambda r: None)
