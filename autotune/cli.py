@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -368,6 +369,8 @@ def _at_least(lo: float, kind: type = int) -> Callable[[str], float]:
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
         if value < lo:
             raise argparse.ArgumentTypeError(f"must be at least {lo}, got {text}")
         return value

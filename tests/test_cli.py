@@ -108,6 +108,8 @@ def test_record_runs_a_command_and_writes_its_profile(tmp_path):
     (["run", "good.yaml", "-o", "t.yaml", "--trials", "0"], "argument --trials: must be at least 1, got 0"),
     (["run", "good.yaml", "-o", "t.yaml", "--budget", "-5"], "argument --budget: must be at least 0.0, got -5"),
     (["run", "good.yaml", "-o", "t.yaml", "--trial-timeout", "0"], "argument --trial-timeout: must be above 0"),
+    (["run", "good.yaml", "-o", "t.yaml", "--trial-timeout", "inf"], "argument --trial-timeout: must be a finite"),
+    (["run", "good.yaml", "-o", "t.yaml", "--budget", "nan"], "argument --budget: must be a finite number"),
     (["run", "good.yaml", "-o", "t.yaml", "--trials", "two"], "argument --trials: expected an integer, got 'two'"),
     (["run", "good.yaml", "-o", "t.yaml", "--storage", "bogus://x"], "--storage bogus://x: not a storage URL"),
     (["verify", "t.yaml", "s.py:f", "--rounds", "1"], "argument --rounds: must be at least 3, got 1"),
