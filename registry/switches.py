@@ -105,17 +105,17 @@ def warn_unknown(view: View) -> None:
     (a typo, or a module never imported)."""
     if view.generation in _warned:
         return
+    for t in view.tables:
+        if t.skipped:
+            listed = "; ".join(f"entries[{i}] names {what}" for i, what in t.skipped.items())
+            _complain(view.settings, f"dispatch table {t.path}: ignoring entries of what is not registered "
+                                     f"(import the module that registers it before the first call): {listed}")
     _warned.add(view.generation)
     unknown = sorted(n for n in view.settings.per_op if n not in ops())
     if unknown:
         names = ", ".join(_s.KERNEL_OP + n.upper() for n in unknown)
         warnings.warn(f"nki-autotune: {names} name{'s' if len(unknown) == 1 else ''} no registered op; known: "
                       f"{', '.join(sorted(ops()))}", stacklevel=4)
-    for t in view.tables:
-        if t.skipped:
-            listed = "; ".join(f"entries[{i}] names {what}" for i, what in t.skipped.items())
-            warnings.warn(f"nki-autotune: dispatch table {t.path}: ignoring entries of what is not registered "
-                          f"(import the module that registers it before the first call): {listed}", stacklevel=4)
 
 
 def entry_impl(entry: Entry) -> Impl | None:

@@ -198,3 +198,6 @@ def test_a_user_impl_of_a_pack_op_is_named_before_its_module_registers_it(tmp_pa
         r = subprocess.run([*run, "no"], capture_output=True, text=True, env=env, cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         assert "PATH None" in r.stdout and "entries[0] names impl rmsnorm.mine" in r.stdout
+        r = subprocess.run([*run, "no"], capture_output=True, text=True, env={**env, "NKI_AUTOTUNE_STRICT": "1"},
+                           cwd=tmp_path)
+        assert r.returncode != 0 and "entries[0] names impl rmsnorm.mine" in r.stderr and "TableError" in r.stderr
