@@ -28,23 +28,22 @@ _logged: set[str] = set()
 
 
 def _log(exp: Explanation) -> None:
-    """Log a decision the first time the process takes it (decisions are made once per call signature)."""
-    if switches.settings().log:
-        _enable_log()
+    """Log a decision the first time the process takes it (decisions are made once per call signature): where
+    ``NKI_AUTOTUNE_LOG=1`` is in force here, or wherever the application set the logger to INFO."""
     line = str(exp)
-    if line not in _logged and log.isEnabledFor(logging.INFO):
-        _logged.add(line)
+    forced = switches.settings().log
+    if line in _logged or not (forced or log.isEnabledFor(logging.INFO)):
+        return
+    _logged.add(line)
+    if not forced:
         log.info("%s", line)
-
-
-def _enable_log() -> None:
-    """``NKI_AUTOTUNE_LOG=1``: decisions go to stderr even where the application configured no logging."""
-    if log.level != logging.INFO:
-        log.setLevel(logging.INFO)
+        return
+    # the logger's own level is the application's: left as it is, so logging ends where the variable does
     if not log.handlers and not logging.getLogger().handlers:  # else the application's handlers show it
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("nki-autotune: %(message)s"))
         log.addHandler(handler)
+    log.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, "%s", (line,), None))
 
 
 @torch.compiler.assume_constant_result
@@ -67,7 +66,7 @@ def call(op: Op, tensors: tuple, attrs: tuple) -> Any:
     raw = raw_of(tensors)
     grad = torch.is_grad_enabled()
     if torch.compiler.is_compiling():
-        if symbolic(raw):  # dynamic shapes: tables and supports() speak of static shapes only
+        if symbolic(raw, attrs):  # dynamic shapes: tables and supports() speak of static shapes only
             return op.reference(*tensors, *attrs)
         generation = switches.guard.generation  # a plain attribute: the graph guards on it
     else:

@@ -174,3 +174,13 @@ def test_a_size_marked_dynamic_with_bounds_takes_the_compiler_path(switches):
     fn(x, torch.randn(64, requires_grad=True)).backward()
     assert counters["graph_break"] == {} and len(graphs.forward) == 1
     assert not any("nki_autotune" in t for t in targets(graphs.forward[0]))
+
+
+def test_an_attribute_that_changes_between_calls_takes_the_compiler_path(switches):
+    """Dynamo makes a float argument symbolic once it changes (eps here): that call has no static key either."""
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    fn = torch.compile(lambda x, w, eps: nk.rmsnorm(x, w, eps=eps), fullgraph=True)
+    for eps in (1e-6, 1e-5, 1e-4):
+        x, w = torch.randn(4, 64), torch.randn(64)
+        assert rel_err(fn(x, w, eps), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w) < 1e-6
+    assert counters["graph_break"] == {}
