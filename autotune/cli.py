@@ -27,6 +27,7 @@ from ..registry import FormatError, SettingsError, load_profile, load_table, swi
 from ..registry.backend import dist_version
 from ..registry.env import KERNEL_OP, KERNELS, LOG, RECORD, RECORD_SAMPLES, STRICT, TABLE, read_settings
 from ..registry.profile import merge
+from ..registry.yamlio import atomic_write_text
 from . import report
 
 
@@ -228,20 +229,26 @@ def cmd_record(args, console: Console) -> int:
     out = Path(args.output).resolve()
     given = [load_profile(p, registry.ops()) for p in args.merge or ()]
     if command:
-        for old in [out, *out.parent.glob(f"{out.stem}.rank*{out.suffix}")]:
-            old.unlink(missing_ok=True)
+        # the profiles of an earlier recording are set aside, so that only this run's are merged, and put back
+        # if this run writes none
+        earlier = {p: p.read_text() for p in [out, *out.parent.glob(f"{out.stem}.rank*{out.suffix}")] if p.exists()}
+        for p in earlier:
+            p.unlink()
         samples = args.samples or read_settings(os.environ).record_samples  # --samples, or the variable
         env = {**os.environ, RECORD: str(out), RECORD_SAMPLES: "1" if samples else "0"}
         console.print(f"recording {' '.join(command)} -> {args.output}")
         rc = subprocess.run(command, env=env).returncode
-        if rc != 0:
-            console.print(f"[red]the command exited with code {rc}[/]")
-            return 1
         ranks = sorted(out.parent.glob(f"{out.stem}.rank*{out.suffix}"))
         written = ([out] if out.exists() else []) + ranks
-        if not written:
-            console.print("[red]no profile was written: the command made no call of a pack op "
-                          "(does it import nki_autotune.kernels?)[/]")
+        if rc != 0 or not written:
+            for p in written:
+                p.unlink()
+            for p, data in earlier.items():
+                atomic_write_text(p, data)
+            kept = f"; {args.output} is left as it was" if out in earlier else ""
+            console.print(f"[red]the command exited with code {rc}{kept}[/]" if rc != 0 else
+                          "[red]no profile was written: the command made no call of a pack op (does it import "
+                          f"nki_autotune.kernels?){kept}[/]")
             return 1
         given += [load_profile(p, registry.ops()) for p in written]
         if ranks:

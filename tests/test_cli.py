@@ -94,6 +94,11 @@ def test_record_runs_a_command_and_writes_its_profile(tmp_path):
     assert r.returncode == 1 and "no profile was written" in r.stdout
     r = cli("record", "-o", str(tmp_path / "q.yaml"), "--", sys.executable, "-c", "raise SystemExit(3)")
     assert r.returncode == 1 and "exited with code 3" in r.stdout
+    before = (tmp_path / "p.yaml").read_text()  # a run that records nothing, or fails, keeps the earlier profile
+    for command in ("pass", "raise SystemExit(3)"):
+        r = cli("record", "-o", str(tmp_path / "p.yaml"), "--", sys.executable, "-c", command)
+        assert r.returncode == 1 and "p.yaml is left as it was" in r.stdout.replace("\n", "")
+        assert (tmp_path / "p.yaml").read_text() == before
 
 
 @pytest.mark.parametrize("args, message", [
