@@ -130,13 +130,14 @@ def load_checked(path: str, s: _s.Settings) -> Table | None:
 
     Entries tuned for other kernel source, or whose config the kernel does not take on this machine, are marked
     stale (``table.stale``): dispatch ignores them, with a warning here, or an error under strict mode."""
-    table = load_table(path, ops(), unknown_ops="skip")
+    table = load_table(path)  # its format first: a table from another machine may name what this one lacks
     backend = backends().get(table.fingerprint["backend"])
     current_fp = backend.fingerprint() if backend is not None and backend.available() else None
     why = fingerprint_mismatch(table, current_fp)
     if why is not None:
         _complain(s, f"ignoring dispatch table {path}, tuned on another machine: {why}")
         return None
+    table = load_table(path, ops(), unknown_ops="skip")
     for i, e in enumerate(table.entries):
         impl = entry_impl(e)
         reason = stale_reason(e, impl.module) if impl is not None else None

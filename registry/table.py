@@ -161,7 +161,7 @@ def parse_table(data: Any, path: str, ops: Mapping[str, Op] | None = None, unkno
             if missing is not None:
                 skipped[i] = missing
                 continue
-            entry = _parse_entry(raw, f"{path}: entries[{i}]", ops)
+            entry = _parse_entry(raw, f"{path}: entries[{i}]", ops, lenient=unknown_ops == "skip")
             if entry.key in seen:
                 raise TableError(f"{path}: entries[{i}]: same op, mode, inputs and attrs as entries[{seen[entry.key]}]")
             seen[entry.key] = i
@@ -221,7 +221,7 @@ def _parse_input(f: Fields, j: int, item: Any, mode: str) -> TensorSpec:
     return TensorSpec(shape, dtype, strides, extra.get("grad", bool, default=_default_grad(mode, spec)))
 
 
-def _parse_entry(raw: Any, where: str, ops: Mapping[str, Op] | None) -> Entry:
+def _parse_entry(raw: Any, where: str, ops: Mapping[str, Op] | None, lenient: bool = False) -> Entry:
     f = Fields(raw, where)
     name = f.get("op", str)
     op = None
@@ -260,7 +260,7 @@ def _parse_entry(raw: Any, where: str, ops: Mapping[str, Op] | None) -> Entry:
                 raise f.fail("choice.impl", f"unknown impl {impl!r} of {name}; it has: {', '.join(op.impls) or 'none'}")
             space = op.impls[impl].space
             for p in config:
-                if p not in space:
+                if p not in space and not lenient:  # for dispatch, such an entry is stale (config_problem)
                     raise f.fail(f"choice.config.{p}", f"not a parameter of {name}.{impl}; it has: {', '.join(space)}")
             config = {**op.impls[impl].default, **config}
     sites = f.get("sites", list, default=[])
@@ -286,9 +286,11 @@ def config_problem(entry: Entry, impl: Impl) -> str | None:
     """Why ``entry``'s config is not one ``impl`` takes at its key on this machine (a value outside its space,
     such as more threads than this machine's pool, or one its constraint refuses), or None."""
     for p, v in entry.config.items():
-        if v not in impl.space.get(p, ()):
-            return (f"its config {p}={v} is not a value {impl.qualname} takes here "
-                    f"({', '.join(map(str, impl.space.get(p, ())))})")
+        if p not in impl.space:
+            return f"its config names {p}, not a parameter of {impl.qualname} ({', '.join(impl.space)})"
+        if v not in impl.space[p]:
+            takes = ", ".join(map(str, impl.space[p]))
+            return f"its config {p}={v} is not a value {impl.qualname} takes here ({takes})"
     if not impl.allows(entry.config, entry.key):
         return f"{impl.qualname}'s constraint does not admit its config {entry.config} at this key"
     return None

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import nki_autotune.kernels as nk
-from nki_autotune.registry import Entry, TableError, explain, get_op, load_profile, ops, record, scope
+from nki_autotune.registry import Entry, TableError, explain, get_backend, get_op, load_profile, ops, record, scope
 
 from .conftest import rmsnorm_key
 from .fakes import FakeClock, tuner
@@ -171,3 +171,21 @@ def switches_generation() -> int:
     from nki_autotune.registry.switches import current
 
     return current().generation
+
+
+@pytest.mark.parametrize("where", ["another machine", "a stale entry"])
+def test_a_table_naming_a_parameter_this_kernel_lacks_is_ignored_not_an_error(switches, write_table, where):
+    """A table tuned on another machine, or an entry tuned for other kernel source, may name config parameters
+    the kernel here does not have: the table is ignored (or the entry is stale) with a warning; importing and
+    calling the pack go on."""
+    entry = Entry(rmsnorm_key((8, 64)), "cpu_rows", {"threads": 1, "rows_per_task": 4}, reason="faster",
+                  source="0123456789abcdef" if where == "a stale entry" else None)
+    fp = get_backend("cpu").fingerprint()
+    path = write_table([entry], fingerprint={**fp, "device": "another CPU"} if where == "another machine" else fp)
+    text = open(path).read()
+    assert "rows_per_task: 4" in text
+    open(path, "w").write(text.replace("rows_per_task: 4", "rows_per_task: 4, tile: 8"))
+    with pytest.warns(UserWarning, match="another machine" if where == "another machine" else "stale"):
+        switches(NKI_AUTOTUNE_TABLE=path)
+    assert explain("rmsnorm", torch.randn(8, 64, requires_grad=True), torch.ones(64, requires_grad=True)).path \
+        == "compiler"
