@@ -110,8 +110,6 @@ def cmd_run(args, console: Console) -> int:
         unknown = [o for o in wanted if o not in registered]
         if unknown:
             raise UsageError(f"--ops names unknown op(s) {', '.join(unknown)}; known: {', '.join(sorted(registered))}")
-    if args.threshold < 1.0:
-        raise UsageError(f"--threshold must be at least 1.0, got {args.threshold}")
     options = Options(trials=args.trials, threshold=args.threshold, seed=args.seed, budget_s=args.budget,
                       mode=args.mode, ops=wanted,
                       search_rounds=args.rounds, final_rounds=args.final_rounds, retries=args.retries,
@@ -418,7 +416,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--budget", type=_at_least(0.0, float), default=None, help="seconds; no new trial starts after it")
     r.add_argument("--storage", default=None, help="Optuna storage URL (sqlite, postgresql, mysql, journal:///path)")
     r.add_argument("--ops", default=None, help="comma-separated ops to tune (default: all)")
-    r.add_argument("--threshold", type=float, default=1.05, help="minimum median speedup to enable a kernel")
+    r.add_argument("--threshold", type=_at_least(1.0, float), default=1.05,
+                   help="minimum median speedup to enable a kernel")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--rounds", type=_at_least(3), default=15, help="timed rounds per trial")
     r.add_argument("--final-rounds", type=_at_least(3), default=40, help="timed rounds of the final comparison")
@@ -466,7 +465,7 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--rounds", type=_at_least(3), default=20, help="interleaved rounds of every variant")
     v.add_argument("--warmup", type=_at_least(0), default=3, help="untimed steps of each variant first")
     v.add_argument("--seed", type=int, default=0)
-    v.add_argument("--tolerance", type=float, default=1e-3,
+    v.add_argument("--tolerance", type=_positive, default=1e-3,
                    help="largest relative difference of loss and gradients against every kernel off")
     v.add_argument("--no-ablate", action="store_true", help="skip switching each entry off alone")
     v.add_argument("--prune", action="store_true", help="send entries that do not pay back to the compiler")

@@ -74,9 +74,11 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 def load(path: str | os.PathLike, what: str) -> Any:
     """Parse a YAML file; an unreadable or malformed file is a FormatError naming it."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise FormatError(f"{path}: cannot read {what}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise FormatError(f"{path}: cannot read {what}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:

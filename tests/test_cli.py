@@ -115,6 +115,9 @@ def test_record_runs_a_command_and_writes_its_profile(tmp_path):
     (["run", "good.yaml", "-o", "t.yaml", "--trial-timeout", "0"], "argument --trial-timeout: must be above 0"),
     (["run", "good.yaml", "-o", "t.yaml", "--trial-timeout", "inf"], "argument --trial-timeout: must be a finite"),
     (["run", "good.yaml", "-o", "t.yaml", "--budget", "nan"], "argument --budget: must be a finite number"),
+    (["run", "good.yaml", "-o", "t.yaml", "--threshold", "inf"], "argument --threshold: must be a finite number"),
+    (["run", "good.yaml", "-o", "t.yaml", "--threshold", "0.9"], "argument --threshold: must be at least 1.0"),
+    (["show", "binary.yaml"], "binary.yaml: cannot read dispatch table: not UTF-8 text"),
     (["run", "good.yaml", "-o", "t.yaml", "--trials", "two"], "argument --trials: expected an integer, got 'two'"),
     (["run", "good.yaml", "-o", "t.yaml", "--storage", "bogus://x"], "--storage bogus://x: not a storage URL"),
     (["verify", "t.yaml", "s.py:f", "--rounds", "1"], "argument --rounds: must be at least 3, got 1"),
@@ -122,6 +125,7 @@ def test_record_runs_a_command_and_writes_its_profile(tmp_path):
 def test_bad_input_exits_2_with_a_message(tmp_path, args, message):
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"version": 1, "sites": [{**GOOD, "op": "layernorm"}]}))
     (tmp_path / "good.yaml").write_text(yaml.safe_dump({"version": 1, "sites": [GOOD]}))
+    (tmp_path / "binary.yaml").write_bytes(b"version: 2\n\xff\xfe\x00entries: []\n")
     r = cli(*args, cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert message in r.stderr and "Traceback" not in r.stderr
@@ -134,6 +138,7 @@ def test_bad_switch_value_exits_2():
 
 def test_run_refuses_while_recording(tmp_path):
     (tmp_path / "good.yaml").write_text(yaml.safe_dump({"version": 1, "sites": [GOOD]}))
+    (tmp_path / "binary.yaml").write_bytes(b"version: 2\n\xff\xfe\x00entries: []\n")
     r = cli("run", "good.yaml", "-o", "t.yaml", cwd=tmp_path, env={"NKI_AUTOTUNE_RECORD": "x.yaml"})
     assert r.returncode == 2 and "NKI_AUTOTUNE_RECORD is set" in r.stderr
     assert not (tmp_path / "t.yaml").exists() and not (tmp_path / "x.yaml").exists()
