@@ -6,7 +6,9 @@ region of the same arity. Inside the kernel's region each numba launch is timed 
 
 - compiler work = compiler region - empty region (Inductor's code for the op, forward and backward);
 - kernel work = kernel region - empty region, of which the numba kernels themselves take the launches' time;
-- glue = no-op kernel region - empty region: the custom operators, allocations and array views around them.
+- glue = no-op kernel region - empty region: the custom operators, allocations and array views around them;
+- of which views = no-op kernel region - the same with each numpy view made once per distinct tensor layout and
+  then reused (``array``, ``as_rows``, RoPE's ``_heads``): the cost of making a kernel's arrays from its tensors.
 
 Run: ``pytest benchmarks/test_breakdown.py -s`` (part of ``make bench``).
 """
@@ -61,17 +63,33 @@ def test_breakdown(case, monkeypatch, capsys):
         launches[-1] += time.perf_counter() - t0
 
     monkeypatch.setattr(module, "launch", launch)
+    reuse, made = [False], {}
+
+    def viewing(helper):
+        def view(t):
+            if not reuse[0]:
+                return helper(t)
+            k = (helper, t.shape, t.stride(), t.dtype)
+            if k not in made:
+                made[k] = helper(t)
+            return made[k]
+        return view
+
+    for helper in ("array", "as_rows", "_heads"):
+        if hasattr(module, helper):
+            monkeypatch.setattr(module, helper, viewing(getattr(module, helper)))
     w = Workload(op, _key(name, "training", inputs, attrs), CPU, sets=2)
     w.prepare(1)
     runners = {"compiler": w.compiler(), "kernel": w.kernel(impl, impl.default), "empty": w.empty()}
-    runners["no-op kernel"] = runners["kernel"]
+    runners["no-op kernel"] = runners["no-op, views reused"] = runners["kernel"]
     times: dict[str, list[float]] = {k: [] for k in runners}
     per_call: list[float] = []
     order, rng = list(runners), random.Random(0)
     for rnd in range(2 + rounds):
         rng.shuffle(order)
         for k in order:
-            skip[0] = k == "no-op kernel"
+            skip[0] = k.startswith("no-op")
+            reuse[0] = k == "no-op, views reused"
             launches.append(0.0)
             t0 = time.perf_counter()
             runners[k].step(rnd)
@@ -83,15 +101,17 @@ def test_breakdown(case, monkeypatch, capsys):
     m = {k: median(v) * 1e6 for k, v in times.items()}
     row = (f"{_label(case):<62} {m['compiler']:9.1f} {m['kernel']:9.1f} {m['no-op kernel']:9.1f} "
            f"{m['empty']:8.1f} | {m['compiler'] - m['empty']:9.1f} {m['kernel'] - m['empty']:9.1f} "
-           f"{median(per_call) * 1e6:9.1f} {m['no-op kernel'] - m['empty']:7.1f}")
+           f"{median(per_call) * 1e6:9.1f} {m['no-op kernel'] - m['empty']:7.1f} "
+           f"{m['no-op kernel'] - m['no-op, views reused']:7.1f}")
     global _header_printed
     with capsys.disabled():
         if not _header_printed:
             _header_printed = True
             print(f"\nwhere a training call's time goes (us, medians of interleaved rounds; one call per region, "
                   f"default configs)\n{'op, shape':<62} {'compiler':>9} {'kernel':>9} {'no-op k.':>9} {'empty':>8} | "
-                  f"{'compiler':>9} {'kernel':>9} {'numba':>9} {'glue':>7}\n{'':<62} {'region':>9} {'region':>9} "
-                  f"{'region':>9} {'region':>8} | {'work':>9} {'work':>9} {'kernels':>9} {'':>7}")
+                  f"{'compiler':>9} {'kernel':>9} {'numba':>9} {'glue':>7} {'of which':>8}\n{'':<62} {'region':>9} "
+                  f"{'region':>9} {'region':>9} {'region':>8} | {'work':>9} {'work':>9} {'kernels':>9} {'':>7} "
+                  f"{'views':>8}")
         print(row)
     assert len(per_call) == rounds and all(t > 0 for t in per_call)  # the kernel's launches ran in its region
 
