@@ -9,9 +9,10 @@ The final comparison of an impl's best config is a trial too (``kind: final``), 
 
 A worker that dies leaves its claimed trial RUNNING: on RDB storages Optuna's heartbeat fails it and
 ``RetryFailedTrialCallback`` puts it back; on a journal file, which has no heartbeat of Optuna's, the worker
-stamps its trial with the time (``alive_at``, seconds since the epoch: no time zone; machines sharing a journal
-need clocks within a minute of each other) while it runs it, waits for the machine lock included; a trial that
-misses a few stamps (or, not stamped yet, is older than the lease) is failed and put back the same way.
+stamps its trial with its number and the time (``alive_at``, seconds since the epoch: no time zone; machines
+sharing a journal need clocks within a minute of each other) while it runs it, waits for the machine lock
+included; a trial that misses a few stamps (or, not stamped yet, is older than the lease) is failed and put back
+the same way.
 A worker whose trial was taken over meanwhile (it stalled past the lease) drops its own result: the copy stands.
 A config that fails as data (raises, crashes the worker, times out, fails numerics) is a FAIL trial that records
 why: it is never retried.

@@ -20,8 +20,9 @@ def symbolic(raw: tuple, attrs: tuple) -> bool:
     """Whether a call traced with dynamic shapes has a symbolic size, stride or number among its attributes (a
     float that changes between calls is one): no key can be made of it. Under Dynamo a symbolic int passes for an
     int, ``isinstance`` included; ``has_static_value`` tells them apart."""
+    dims = [d for shape, strides, *_ in raw for d in (*shape, *strides)]
     numbers = [a for a in attrs if isinstance(a, (int, float))]
-    return not all(has_static_value(d) for shape, strides, *_ in raw for d in (*shape, *strides, *numbers))
+    return not all(has_static_value(v) for v in (*dims, *numbers))
 
 
 def spec_of(raw: tuple, grad_enabled: bool) -> TensorSpec:
