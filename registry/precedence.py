@@ -67,12 +67,17 @@ def _config_for(impl: Impl, key: Key, table_config: Mapping[str, int] | None) ->
 
 
 def _find(view: View, key: Key) -> tuple[Table, int, Entry] | None:
-    """The first table's entry for ``key`` (stale ones included: the caller says why they are ignored)."""
+    """The first table's entry for ``key`` that is not stale; else the first stale one, which the caller names
+    as ignored. A stale entry is as good as absent, so it does not hide a later table's valid one."""
+    first_stale = None
     for t in view.tables:
         i = t.index(key)
-        if i is not None:
+        if i is None:
+            continue
+        if i not in t.stale:
             return t, i, t.entries[i]
-    return None
+        first_stale = first_stale or (t, i, t.entries[i])
+    return first_stale
 
 
 def _miss(view: View, key: Key) -> str:

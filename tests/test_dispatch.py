@@ -5,6 +5,7 @@ and scoped switches stay in their thread."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import warnings
@@ -109,6 +110,27 @@ def test_stale_entries_are_ignored_with_a_warning_and_refused_under_strict(switc
     assert explain("rmsnorm", x, w).path == "kernel"
     with pytest.raises(TableError, match="stale"):
         switches(NKI_AUTOTUNE_TABLE=path, NKI_AUTOTUNE_STRICT="1")
+
+
+def test_a_stale_entry_does_not_hide_a_later_tables_valid_one(switches, write_table):
+    """Tables are searched in order, first match wins, but an ignored entry is no match: a fresh table after an
+    old one (``NKI_AUTOTUNE_TABLE=old.yaml:new.yaml``) serves the keys the old one tuned for another source."""
+    key = rmsnorm_key((8, 64))
+    old = Entry(key, None, None, reason="compiler was faster", source="0123456789abcdef",
+                module="nki_autotune.kernels.rmsnorm.cpu", measured={"impl": "cpu_rows"})
+    current = get_op("rmsnorm").impls["cpu_rows"].source_hash
+    new = Entry(key, "cpu_rows", {"threads": 1, "rows_per_task": 16}, reason="faster", source=current,
+                module="nki_autotune.kernels.rmsnorm.cpu")
+    paths = [write_table([old], name="old.yaml"), write_table([new], name="new.yaml")]
+    with pytest.warns(UserWarning, match="ignoring 1 stale entry"):
+        switches(NKI_AUTOTUNE_TABLE=os.pathsep.join(paths))
+    exp = explain("rmsnorm", torch.randn(8, 64, requires_grad=True), torch.randn(64, requires_grad=True))
+    assert exp.path == "kernel" and exp.config == {"threads": 1, "rows_per_task": 16}, exp.reason
+    assert f"table {paths[1]} entries[0]" in exp.reason, exp.reason
+    with pytest.warns(UserWarning, match="ignoring 1 stale entry"):
+        switches(NKI_AUTOTUNE_TABLE=paths[0])  # alone, the stale entry still says why it is ignored
+    exp = explain("rmsnorm", torch.randn(8, 64, requires_grad=True), torch.randn(64, requires_grad=True))
+    assert exp.path == "compiler" and "is stale and ignored" in exp.reason, exp.reason
 
 
 @pytest.mark.parametrize("config, why", [
