@@ -17,7 +17,7 @@ _TORCH_SIDE = {
     "Backend": "backend", "backends": "backend", "default_backend": "backend", "get_backend": "backend",
     "register_backend": "backend",
     "Explanation": "precedence",
-    "call": "dispatch", "explain": "dispatch",
+    "call": "dispatch", "explain": "dispatch", "integer": "callkey",
     "check_switches": "switches", "reload_settings": "switches", "scope": "switches", "settings": "switches",
     "tables": "switches",
     "Impl": "op", "Op": "op", "get_op": "op", "ops": "op", "register_impl": "op", "register_op": "op",
@@ -39,7 +39,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Backend", "Entry", "Explanation", "FormatError", "INFERENCE", "Impl", "Key", "MODES", "Op", "Profile",
     "ProfileError", "Recorder", "Settings", "SettingsError", "Site", "TRAINING", "Table", "TableError", "TensorSpec",
-    "backends", "call", "check_switches", "default_backend", "explain", "get_backend", "get_op", "load_profile",
-    "load_table", "ops", "record", "register_backend", "register_impl", "register_op", "reload_settings", "scope",
-    "settings", "switch_variables", "tables",
+    "backends", "call", "check_switches", "default_backend", "explain", "get_backend", "get_op", "integer",
+    "load_profile", "load_table", "ops", "record", "register_backend", "register_impl", "register_op",
+    "reload_settings", "scope", "settings", "switch_variables", "tables",
 ]

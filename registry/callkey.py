@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +15,14 @@ from .specs import Key, OpLike, TensorSpec
 def raw_of(tensors: Sequence[torch.Tensor]) -> tuple:
     """What the key depends on, cheaply and hashably: dispatch caches its decision on this."""
     return tuple([(t.shape, t.stride(), t.dtype, t.device, t.requires_grad) for t in tensors])
+
+
+def integer(value: Any) -> Any:
+    """An integer attribute of a pack call, as PyTorch takes one (``operator.index``: a float or a bool-like
+    object is refused); a symbolic one (a size under dynamic shapes) stays symbolic, so the call takes the
+    expression, rather than being read as an int, which would specialise the graph to its value."""
+    symbolic_int = isinstance(value, (int, torch.SymInt)) and not has_static_value(value)  # Dynamo: SymInt is int
+    return value if symbolic_int else operator.index(value)
 
 
 def symbolic(raw: tuple, attrs: tuple) -> bool:

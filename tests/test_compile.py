@@ -184,3 +184,19 @@ def test_an_attribute_that_changes_between_calls_takes_the_compiler_path(switche
         x, w = torch.randn(4, 64), torch.randn(64)
         assert rel_err(fn(x, w, eps), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w) < 1e-6
     assert counters["graph_break"] == {}
+
+
+def test_a_symbolic_segment_count_takes_the_compiler_path_without_a_recompile(switches):
+    """``segment_sum(src, index, table.shape[0])`` under dynamic shapes: the count is a symbolic size like any
+    other, so the call is the expression and one graph serves every count (read as a plain int, it would be
+    specialised: a recompile per count)."""
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    graphs = Graphs()
+    fn = torch.compile(lambda src, idx, table: nk.segment_sum(src, idx, table.shape[0]) + table, backend=graphs,
+                       fullgraph=True, dynamic=True)
+    for n in (7, 11, 19):
+        src, idx, table = torch.randn(40, 8), torch.randint(0, n, (40,)), torch.randn(n, 8)
+        ref = torch.zeros(n, 8).index_add_(0, idx, src) + table
+        assert rel_err(fn(src, idx, table), ref) < 1e-6
+    assert counters["graph_break"] == {} and len(graphs.forward) == 1
+    assert not any("nki_autotune" in t for t in targets(graphs.forward[0]))

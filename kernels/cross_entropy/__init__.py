@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import operator
-
 import torch
 
-from ...registry import call
+from ...registry import call, integer
 from . import cpu as _cpu  # noqa: F401  (registers cross_entropy.cpu_rows)
 from . import nki as _nki  # noqa: F401  (registers the NKI impl)
 from .op import CROSS_ENTROPY
@@ -16,7 +14,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
                   reduction: str = "mean") -> torch.Tensor:
     """Same result as ``F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction)``;
     logits [N, V], target [N]; reduction ``"mean"`` (over the targets not ignored) or ``"sum"``."""
-    return call(CROSS_ENTROPY, (logits, target), (operator.index(ignore_index), str(reduction)))
+    return call(CROSS_ENTROPY, (logits, target), (integer(ignore_index), str(reduction)))
 
 
 __all__ = ["CROSS_ENTROPY", "cross_entropy"]

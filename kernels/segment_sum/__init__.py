@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import operator
-
 import torch
 
-from ...registry import call
+from ...registry import call, integer
 from . import cpu as _cpu  # noqa: F401  (registers segment_sum.cpu_scatter)
 from . import nki as _nki  # noqa: F401  (registers the NKI impl)
 from .op import SEGMENT_SUM
@@ -14,7 +12,7 @@ from .op import SEGMENT_SUM
 
 def segment_sum(src: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
     """Same result as ``src.new_zeros(num_segments, *src.shape[1:]).index_add_(0, index, src)``."""
-    return call(SEGMENT_SUM, (src, index), (operator.index(num_segments),))
+    return call(SEGMENT_SUM, (src, index), (integer(num_segments),))
 
 
 __all__ = ["SEGMENT_SUM", "segment_sum"]
