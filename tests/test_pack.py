@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import random
+import re
 
 import pytest
 import torch
@@ -333,6 +334,24 @@ def test_out_of_range_indices_raise_what_pytorch_raises(switches, name, call, er
     switches(NKI_AUTOTUNE_KERNELS=switch)
     with pytest.raises(error, match=message):
         call(getattr(nk, name))
+
+
+@pytest.mark.parametrize("segments, width, index, message", [
+    (0, 5, [0, 1, 1, 3], "self indexing axis dim should be positive"),
+    (0, 0, [2, 0], "self indexing axis dim should be positive"),
+    (4, 0, [0, 9], "INDICES element is out of DATA bounds, id=9 axis_dim=4"),
+])
+@pytest.mark.parametrize("switch", ["on", "off"])
+def test_a_segment_sum_into_nothing_checks_its_indices_in_the_backward(switches, segments, width, index, message,
+                                                                        switch):
+    """index_add_ into an empty result checks no index, so the forward passes; the backward gathers rows of the
+    gradient by those indices, and must raise what index_select raises rather than read past the gradient."""
+    switches(NKI_AUTOTUNE_KERNELS=switch)
+    src = torch.randn(len(index), width, requires_grad=True)
+    out = nk.segment_sum(src, torch.tensor(index), segments)
+    assert out.shape == (segments, width)
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        out.sum().backward()
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__.removesuffix("_case"))

@@ -27,8 +27,14 @@ def forward(tensors, attrs, config):
 def backward(grads, tensors, results, attrs, config, needs):
     (dy,), (_, index) = grads, tensors
     idx = array(index)
-    dsrc = empty((idx.size, *dy.shape[1:]), dy.dtype)  # src's shape and dtype
     width = math.prod(dy.shape[1:])
+    if idx.size and not dy.shape[0] * width:  # the forward checked no index: the errors index_select raises here
+        if not dy.shape[0]:
+            raise RuntimeError("index_select(): self indexing axis dim should be positive")
+        bad = out_of_range(idx, dy.shape[0])
+        if bad is not None:
+            raise RuntimeError(f"INDICES element is out of DATA bounds, id={bad} axis_dim={dy.shape[0]}")
+    dsrc = empty((idx.size, *dy.shape[1:]), dy.dtype)  # src's shape and dtype
     gather(array(dy).reshape(dy.shape[0], width), idx, array(dsrc).reshape(idx.size, width), config["threads"])
     return (dsrc,)
 
