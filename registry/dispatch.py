@@ -16,11 +16,12 @@ import sys
 from typing import Any
 
 import torch
+from torch.autograd import forward_ad
 
 from . import recorder, switches
 from .callkey import devices_of, key_of_call, raw_of, symbolic
 from .op import Op, get_op
-from .precedence import Explanation, resolve
+from .precedence import COMPILER, Explanation, resolve
 
 log = logging.getLogger("nki_autotune.dispatch")
 _cache: dict[tuple, Explanation] = {}
@@ -61,12 +62,24 @@ def decide(op_name: str, raw: tuple, attrs: tuple, grad: bool, generation: int) 
     return exp.choice
 
 
+TRANSFORMED = "a torch.func transform or forward-mode AD is active, which the kernels have no rules for"
+
+
+@torch.compiler.assume_constant_result
+def transformed() -> bool:
+    """Whether the call runs under a ``torch.func`` transform (grad, vjp, jvp, jacrev, jacfwd, vmap ...) or
+    ``torch.autograd.forward_ad``: a kernel's operator has a backward but no forward-mode rule and no functorch
+    rule, so there it would drop tangents (a zero derivative, silently) or refuse to run; the expression has both.
+    Constant under tracing: Dynamo traces a transformed function under the transform's own levels."""
+    return torch._C._functorch.maybe_current_level() is not None or forward_ad._current_level >= 0
+
+
 def call(op: Op, tensors: tuple, attrs: tuple) -> Any:
     """Run one call of ``op`` on the chosen path. The pack's public functions end here."""
     raw = raw_of(tensors)
     grad = torch.is_grad_enabled()
     if torch.compiler.is_compiling():
-        if symbolic(raw, attrs):  # dynamic shapes: tables and supports() speak of static shapes only
+        if symbolic(raw, attrs) or transformed():  # tables and supports() speak of static shapes only
             return op.reference(*tensors, *attrs)
         generation = switches.guard.generation  # a plain attribute: the graph guards on it
     else:
@@ -74,6 +87,8 @@ def call(op: Op, tensors: tuple, attrs: tuple) -> Any:
         rec = recorder.active()
         if rec is not None:
             rec.log(op, tensors, raw, attrs, grad)
+        if transformed():
+            return op.reference(*tensors, *attrs)
     choice = decide(op.name, raw, attrs, grad, generation)
     if choice is None:
         return op.reference(*tensors, *attrs)
@@ -99,7 +114,10 @@ def explain(op: str | Op, *args: Any, **kwargs: Any) -> Explanation:
         raise TypeError(f"explain({op.name!r}, ...): missing attribute(s) {', '.join(absent)}")
     attrs = {a: bound.get(a, op.defaults.get(a)) for a in op.attrs}
     raw = raw_of(tensors)
-    return resolve(op, key_of_call(op, raw, attrs, torch.is_grad_enabled()), devices_of(raw), switches.current())
+    key = key_of_call(op, raw, attrs, torch.is_grad_enabled())
+    if transformed():
+        return Explanation(op.name, key, COMPILER, None, {}, TRANSFORMED)
+    return resolve(op, key, devices_of(raw), switches.current())
 
 
 recorder.autostart()  # NKI_AUTOTUNE_RECORD: record this whole process

@@ -1,0 +1,85 @@
+"""torch.func transforms and forward-mode AD: the kernels' operators have a backward but no forward-mode or
+functorch rule, so under a transform every pack call takes the expression (eager and compiled) and gives its
+derivatives, rather than dropping tangents or refusing to run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+
+import nki_autotune.kernels as nk
+from nki_autotune.registry import explain
+
+from .helpers import rel_err
+from .test_pack import CASES
+
+
+def rmsnorm_case(shape, gen):
+    x, w = torch.randn(shape, generator=gen), 1 + 0.1 * torch.randn(shape[-1], generator=gen)
+    return ("rmsnorm", (x, w), (1e-6,), lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w,
+            lambda x, w: nk.rmsnorm(x, w, eps=1e-6))
+
+
+def _split(inputs):
+    """The floating-point inputs (what a transform differentiates) and a function that puts them back."""
+    floats = [i for i, t in enumerate(inputs) if t.is_floating_point()]
+
+    def full(*fs):
+        args = list(inputs)
+        for i, f in zip(floats, fs):
+            args[i] = f
+        return args
+
+    return tuple(inputs[i] for i in floats), full
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+@pytest.mark.parametrize("case", [rmsnorm_case, *CASES], ids=lambda c: c.__name__.removesuffix("_case"))
+def test_jvp_and_grad_give_the_expressions_derivatives(switches, case):
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    gen = torch.Generator().manual_seed(11)
+    _, inputs, _, ref, fn = case((6, 16), gen)
+    floats, full = _split(inputs)
+    tangents = tuple(torch.randn(f.shape, generator=gen) for f in floats)
+    _, got = torch.func.jvp(lambda *fs: _first(fn(*full(*fs))), floats, tangents)
+    _, want = torch.func.jvp(lambda *fs: _first(ref(*full(*fs))), floats, tangents)
+    assert want.abs().sum() > 0 and rel_err(got, want) < 1e-5
+
+    weights = torch.randn(want.shape, generator=gen)
+    got = torch.func.grad(lambda *fs: (_first(fn(*full(*fs))) * weights).sum(), argnums=0)(*floats)
+    want = torch.func.grad(lambda *fs: (_first(ref(*full(*fs))) * weights).sum(), argnums=0)(*floats)
+    assert rel_err(got, want) < 1e-5
+
+
+def test_forward_ad_dual_tensors_carry_their_tangent_and_explain_says_why(switches):
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    x, t = torch.randn(3, 8), torch.randn(3, 8)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, t)
+        tangent = fwAD.unpack_dual(nk.softmax(dual)).tangent
+        assert explain("softmax", dual).path == "compiler" and "forward-mode AD" in explain("softmax", dual).reason
+    _, want = torch.func.jvp(lambda a: torch.softmax(a, -1), (x,), (t,))
+    assert tangent is not None and rel_err(tangent, want) < 1e-5
+    assert explain("softmax", x).path == "kernel"  # outside the transform, the kernel again
+
+
+@pytest.mark.parametrize("transform", ["grad", "jvp"])
+def test_a_transform_inside_a_compiled_region_traces_the_expression(switches, transform):
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    gen = torch.Generator().manual_seed(3)
+    x, w, t = torch.randn(4, 16, generator=gen), torch.randn(16, generator=gen), torch.randn(16, generator=gen)
+
+    def norm(w, rms):
+        return (rms(x, w) * x).sum()
+
+    def derivative(rms, w):
+        f = lambda w: norm(w, rms)  # noqa: E731
+        return torch.func.grad(f)(w) if transform == "grad" else torch.func.jvp(f, (w,), (t,))[1]
+
+    got = torch.compile(lambda w: derivative(nk.rmsnorm, w), fullgraph=True, dynamic=False)(w)
+    want = derivative(lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w, w)
+    assert want.abs().sum() > 0 and rel_err(got, want) < 1e-5
