@@ -349,3 +349,27 @@ def test_one_pass_max_and_sum_over_the_parts_of_long_rows():
         check(case, configs[pick % len(configs)], seed_specials)
 
     prop()
+
+
+def test_rmsnorm_gradients_overflow_where_the_expression_does():
+    """A gradient or input at the very edge of float32's range (3e38): whether a product overflows depends on
+    the order of the operations, and the backward takes autograd's order through the expression (dy * w before
+    x or rstd; rsqrt's, mean's and the square's gradients in turn), so it is inf or nan exactly where the
+    expression is, and finite values agree."""
+    impl = cpu_impl("rmsnorm")
+    ref = get_op("rmsnorm").reference
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(60):
+        x, w, dy = (torch.randn(s, generator=gen) for s in ((3, 8), (8,), (3, 8)))
+        at = tuple(torch.randint(0, n, (), generator=gen).item() for n in (3, 8))
+        if trial % 3 == 0:
+            dy[at] = 3e38
+        elif trial % 3 == 1:
+            x[at] = -3e38
+        else:
+            dy[at], x[(at[0] + 1) % 3, at[1]] = -3e38, 2e19
+        cfg = impl.config_values(impl.configs()[trial % len(impl.configs())])
+        got = run(lambda a, b: impl.fwd_op(a, b, 1e-6, *cfg)[0], (x, w), [0, 1], [dy])[1]
+        want = run(lambda a, b: ref(a, b, 1e-6), (x, w), [0, 1], [dy])[1]
+        for g, r, what in zip(got, want, ("grad x", "grad weight")):
+            assert_like_pytorch(g, r, r, torch.zeros(r.shape, dtype=torch.float64), f"trial {trial}: {what}")

@@ -17,6 +17,7 @@ from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
 from .._cpu import (
+    ELEMENTWISE,
     FLOATS,
     array,
     as_rows,
@@ -56,10 +57,18 @@ def _forward_body(x, w, eps, rows, y, rstd):
                 y[r, j] = cast_to(y, f32(x[r, j]) * s * f32(w[j]))
 
 
+def _row_dot_body(dy, w, x):
+    """sum((dy * w) * x) over a row, vectorised: the backward's one sum, apart from the backward itself, which
+    compiles without reassociation so that its products keep the expression's order."""
+    acc = np.float32(0.0)
+    for j in range(x.shape[0]):
+        acc += f32(dy[j]) * f32(w[j]) * f32(x[j])
+    return acc
+
+
 def _backward_body(dy, x, w, rstd, rows, dx, partial):
     n, d = x.shape
     tasks = partial.shape[0]
-    inv_d = np.float32(1.0) / np.float32(d)
     for t in prange(tasks):
         p = partial[t]
         for j in range(d):
@@ -67,14 +76,16 @@ def _backward_body(dy, x, w, rstd, rows, dx, partial):
         r1 = min(n, (t + 1) * rows)
         for r in range(t * rows, r1):
             s = rstd[r]
-            acc = np.float32(0.0)
-            for j in range(d):
-                acc += f32(dy[r, j]) * f32(w[j]) * f32(x[r, j])
-            c = acc * s * s * s * inv_d
+            acc = _row_dot(dy[r], w, x[r])
+            # the products in the order autograd takes them through x * rsqrt(mean(x^2) + eps) * w, so that
+            # a huge dy or x overflows (or not) where the expression does: dy * w, then times rstd or x;
+            # rsqrt's gradient -0.5 * g * rstd^3, mean's / d, the square's times 2 * x
+            c = np.float32(-0.5) * acc * (s * s * s) / np.float32(d)
             for j in range(d):
                 g, v = f32(dy[r, j]), f32(x[r, j])
-                dx[r, j] = cast_to(dx, s * (g * f32(w[j])) - c * v)
-                p[j] += g * v * s
+                gw = g * f32(w[j])
+                dx[r, j] = cast_to(dx, gw * s + c * (np.float32(2.0) * v))
+                p[j] += g * (v * s)
 
 
 def _column_sum_body(partial, out):
@@ -92,7 +103,8 @@ def _column_sum_body(partial, out):
 
 
 _forward = kernel(_forward_body)
-_backward = kernel(_backward_body)
+_row_dot = kernel(_row_dot_body)[0]  # called once per row: the serial build
+_backward = kernel(_backward_body, ELEMENTWISE)
 _column_sum = kernel(_column_sum_body)
 
 
