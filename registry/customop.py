@@ -159,6 +159,7 @@ def build(impl: Impl) -> None:
     nt, na, nc = len(op.tensors), len(op.attrs), len(impl.space)
     diff = tuple(op.tensors.index(n) for n in op.differentiable)
     backend = get_backend(impl.backend)
+    sources = tuple(tuple(op.tensors.index(n) for n in names) for names in op.sources)
     attr_names, config_names = tuple(op.attrs), tuple(impl.space)
 
     @cache
@@ -224,8 +225,9 @@ def build(impl: Impl) -> None:
             ctx.absent = tuple((i, t.shape, t.dtype, t.device) for i, t in enumerate(everything) if i not in keep)
             ctx.keep = keep
             ctx.rest = inputs[nt:]
-            if n_res > n_out:
-                ctx.mark_non_differentiable(*results[n_out:])
+            plain = [r for r, src in zip(results, sources) if not any(ctx.needs_input_grad[i] for i in src)]
+            if plain or n_res > n_out:  # one call: a second would replace the first's list
+                ctx.mark_non_differentiable(*plain, *results[n_out:])
 
         def backward(ctx, *grads):
             if _C.is_grad_enabled():  # create_graph=True: PyTorch's fallback would give zeros with a warning

@@ -29,6 +29,9 @@ class Op:
     outputs: int = 1
     differentiable: tuple[str, ...] = ()
     """Tensor arguments that receive gradients (when floating point)."""
+    sources: tuple[tuple[str, ...], ...] = ()
+    """Per output, the tensor arguments it is computed from (none given: all of them). An output none of whose
+    sources needs a gradient carries none, as the expression's does (rope's k output when only q needs one)."""
     data_dependent: tuple[str, ...] = ()
     """Tensor arguments whose values (not only shapes) set the cost, e.g. indices: recorded as samples."""
     make_inputs: Callable[..., tuple] | None = None

@@ -390,3 +390,24 @@ def test_under_torch_compile_the_kernel_is_in_the_graph_without_breaks(switches,
 def test_a_float_where_pytorch_takes_an_integer_is_refused_as_pytorch_refuses_it(call):
     with pytest.raises(TypeError, match="cannot be interpreted as an integer"):
         call()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_an_output_computed_from_no_input_needing_a_gradient_carries_none(switches, compiled):
+    """rope with only q needing a gradient (a frozen key projection): its k output carries no gradient, as the
+    expression's does, so autograd neither keeps a graph for it nor lets a backward from it pass silently."""
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    gen = torch.Generator().manual_seed(2)
+    q, k = torch.randn(2, 4, 8, 16, generator=gen), torch.randn(2, 2, 8, 16, generator=gen)
+    cos, sin = torch.randn(2, 8, 16, generator=gen), torch.randn(2, 8, 16, generator=gen)
+    assert explain("rope", q.requires_grad_(), k, cos, sin).path == "kernel"
+    fn = torch.compile(nk.rope, fullgraph=True, dynamic=False) if compiled else nk.rope
+    qo, ko = fn(q, k, cos, sin)
+    ref_q, ref_k = get_op("rope").reference(q, k, cos, sin)
+    assert (qo.requires_grad, ko.requires_grad) == (ref_q.requires_grad, ref_k.requires_grad) == (True, False)
+    seed = torch.randn(qo.shape, generator=gen)
+    (got,) = torch.autograd.grad(qo, q, seed)
+    (want,) = torch.autograd.grad(ref_q, q, seed)
+    assert rel_err(got, want) < 1e-6
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        ko.sum().backward()

@@ -94,11 +94,13 @@ def test_each_subset_of_gradients_matches_float64(switches, name):
         out, out64 = fn(*leaves, *attrs), ref(*leaves64, *attrs)
         outs, outs64 = (out, out64) if isinstance(out, tuple) else ((out,), (out64,))
         seeds = [torch.randn(o.shape, generator=gen, dtype=torch.float64) for o in outs]
-        wanted = [t for t in leaves if t.requires_grad]
-        grads = torch.autograd.grad(outs, wanted, [s.float() for s in seeds])
-        live = [(o, s) for o, s in zip(outs64, seeds) if o.requires_grad]  # (k's output needs none from q alone)
-        grads64 = torch.autograd.grad([o for o, _ in live], [t for t in leaves64 if t.requires_grad],
-                                      [s for _, s in live])
+        # an output carries a gradient exactly where the expression's does (rope's k output none from q alone)
+        assert [o.requires_grad for o in outs] == [o.requires_grad for o in outs64], mask
+        live = [(o, o64, s) for o, o64, s in zip(outs, outs64, seeds) if o64.requires_grad]
+        grads = torch.autograd.grad([o for o, _, _ in live], [t for t in leaves if t.requires_grad],
+                                    [s.float() for _, _, s in live])
+        grads64 = torch.autograd.grad([o for _, o, _ in live], [t for t in leaves64 if t.requires_grad],
+                                      [s for _, _, s in live])
         for g, r in zip(grads, grads64):
             assert g.shape == r.shape and rel_err(g, r) < 1e-5, mask
 

@@ -369,7 +369,7 @@ def test_rmsnorm_gradients_overflow_where_the_expression_does():
         else:
             dy[at], x[(at[0] + 1) % 3, at[1]] = -3e38, 2e19
         cfg = impl.config_values(impl.configs()[trial % len(impl.configs())])
-        got = run(lambda a, b: impl.fwd_op(a, b, 1e-6, *cfg)[0], (x, w), [0, 1], [dy])[1]
+        got = run(lambda a, b, cfg=cfg: impl.fwd_op(a, b, 1e-6, *cfg)[0], (x, w), [0, 1], [dy])[1]
         want = run(lambda a, b: ref(a, b, 1e-6), (x, w), [0, 1], [dy])[1]
         for g, r, what in zip(got, want, ("grad x", "grad weight")):
             assert_like_pytorch(g, r, r, torch.zeros(r.shape, dtype=torch.float64), f"trial {trial}: {what}")

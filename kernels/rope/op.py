@@ -50,7 +50,8 @@ def shape_problem(specs, attrs: dict) -> str | None:
 
 ROPE = register_op(Op(
     name="rope", reference=reference, tensors=("q", "k", "cos", "sin"), outputs=2,
-    differentiable=("q", "k", "cos", "sin"), make_inputs=make_inputs,
+    differentiable=("q", "k", "cos", "sin"), sources=(("q", "cos", "sin"), ("k", "cos", "sin")),
+    make_inputs=make_inputs,
     examples=(
         ((((1, 1, 1, 2), "float32"), ((1, 1, 1, 2), "float32"), ((1, 1, 2), "float32"), ((1, 1, 2), "float32")),
          {}),
