@@ -35,6 +35,16 @@ class UsageError(Exception):
     """Bad usage or bad input: exit code 2."""
 
 
+def _writable(path: str, option: str) -> None:
+    """Refuse an output path that cannot be a file before any work is done (its folders are made on write)."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{option} {path} is a directory; name a file")
+    parent = next((q for q in p.resolve().parents if q.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise UsageError(f"{option} {path}: {parent} is a file, not a folder")
+
+
 def _heavy(imports: list[str] | None = None):
     """The registry's torch side with the kernel pack registered, then the user's modules (``--import``)."""
     import nki_autotune.kernels  # noqa: F401  (registers every op of the pack)
@@ -103,7 +113,9 @@ def cmd_run(args, console: Console) -> int:
         why = backend.why_unavailable()
         if why is not None:
             raise UsageError(f"backend {args.backend} is not available here: {why}")
+    _writable(args.output, "-o")
     profile = load_profile(args.profile, registered)
+    _check_samples(profile)
     wanted = None
     if args.ops:
         wanted = tuple(o.strip() for o in args.ops.split(",") if o.strip())
@@ -131,7 +143,7 @@ def cmd_run(args, console: Console) -> int:
                         lease_s=bench.longest_s)
         try:
             tuner = Tuner(backend, search, bench, options, listener=bar)
-            table = tuner.tune(profile, args.output)
+            table = tuner.tune(profile)
         finally:
             bench.close()
     table.save(args.output)
@@ -216,6 +228,22 @@ def cmd_list(args, console: Console) -> int:
 # -- record -----------------------------------------------------------------------------------------------------
 
 
+def _check_samples(profile) -> None:
+    """Every recorded input file loads: a bad one is the profile's fault, not any config's (measured, it would
+    fail every trial of its key and be stored as such)."""
+    import torch
+
+    for site in profile.sites:
+        path = profile.samples_path(site)
+        if path is None:
+            continue
+        try:
+            torch.load(path, weights_only=True)
+        except Exception as e:  # any unpickling error: the file is not a sample file
+            raise UsageError(f"{profile.path}: site {site.label()}: samples {site.samples!r} cannot be read "
+                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+
+
 def cmd_record(args, console: Console) -> int:
     command = list(args.command)
     if command and command[0] == "--":
@@ -223,6 +251,7 @@ def cmd_record(args, console: Console) -> int:
     if not command and not args.merge:
         raise UsageError("record needs a command to run, e.g. nki-autotune record -o profile.yaml -- python train.py; "
                          "or profiles to merge: nki-autotune record -o merged.yaml --merge a.yaml b.yaml")
+    _writable(args.output, "-o")
     registry = _heavy(args.imports)
     out = Path(args.output).resolve()
     given = [load_profile(p, registry.ops()) for p in args.merge or ()]
@@ -301,9 +330,19 @@ def cmd_verify(args, console: Console) -> int:
 
     if args.prune and not args.output:
         raise UsageError("--prune needs -o OUT, the table to write")
+    if args.output and not args.prune:
+        raise UsageError("-o OUT writes the pruned table: it needs --prune")
+    for path, option in ((args.output, "-o"), (args.json, "--json")):
+        if path:
+            _writable(path, option)
+    from ..registry import TableError
     from ..registry.switches import load_checked
 
-    table = load_checked(args.table, read_settings({STRICT: "1"}))  # a foreign or stale table cannot be verified
+    try:  # a foreign or stale table cannot be verified: it is not what dispatch would follow
+        table = load_checked(args.table, read_settings({STRICT: "1"}))
+    except TableError as e:
+        raise UsageError(f"verify measures a table that is current on this machine: "
+                         f"{str(e).removesuffix(f' ({STRICT}=1)')}") from None
     try:
         make_step = load_step(args.step)
     except StepError as e:
@@ -311,7 +350,10 @@ def cmd_verify(args, console: Console) -> int:
     v = Verifier(table, args.table, make_step, rounds=args.rounds, warmup=args.warmup, seed=args.seed,
                  tolerance=args.tolerance, ablate=not args.no_ablate,
                  say=lambda s: None if args.quiet else console.print(f"[dim]{s}[/]"))
-    r = v.run()
+    try:
+        r = v.run()
+    except StepError as e:
+        raise UsageError(str(e)) from None
     t = RichTable(title=f"full training step under {args.table}")
     for col in ("variant", "ms/step (median)", "loss vs off", "gradients vs off"):
         t.add_column(col)
@@ -343,7 +385,7 @@ def cmd_verify(args, console: Console) -> int:
         console.print(f"[red]numerics: a variant's loss or gradients differ from every kernel off by more than "
                       f"{args.tolerance:g}[/] (is STEP deterministic: same seeds, same data each call?)")
     if args.json:
-        Path(args.json).write_text(json.dumps(r.as_json(), indent=2))
+        atomic_write_text(args.json, json.dumps(r.as_json(), indent=2))
     if args.prune:
         pruned = v.pruned(r)
         pruned.save(args.output)
@@ -501,7 +543,8 @@ def main(argv: list[str] | None = None) -> int:
         err(f"error: {e}")
         return 2
     except KeyboardInterrupt:
-        err("interrupted; finished trials are kept in storage")
+        err("interrupted" + ("; finished trials are kept in storage, and the table is written only once every key "
+                             "is complete: run the same command again to resume" if args.cmd == "run" else ""))
         return 130
     except Exception as e:
         err(f"failed: {type(e).__name__}: {e}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 from ..registry import Backend, Entry, Impl, Key, Profile, Site, Table, get_op, ops
@@ -74,8 +73,9 @@ class Tuner:
         return self._deadline is not None and time.monotonic() > self._deadline
 
     # -- whole profile ------------------------------------------------------------------------------------
-    def tune(self, profile: Profile, out: str | Path | None = None) -> Table:
-        """Tune every key of ``profile``; the table is rewritten (atomically) as keys complete."""
+    def tune(self, profile: Profile) -> Table:
+        """Tune every key of ``profile``. The table comes once every key is complete: storage keeps what an
+        interrupted run measured, and the table it would replace stays whole until then."""
         keys = profile.keys(ops(), self.options.mode)
         if self.options.ops is not None:
             keys = {k: v for k, v in keys.items() if k.op in self.options.ops}
@@ -95,8 +95,6 @@ class Tuner:
                 if entry is not None:
                     entries[key] = entry
                     self.listener.key_done(key, entry)
-                    if out is not None:
-                        Table(fingerprint, [entries[k] for k in keys if k in entries]).save(out)
             if len(entries) < len(keys) and self.measured_anything == before:
                 self.listener.note(f"waiting for other workers on {len(keys) - len(entries)} key(s)")
                 time.sleep(self.options.poll_s)

@@ -179,6 +179,9 @@ class Verifier:
             random.seed(self.seed)
             with scope(**v.env), _first_gradients(first.setdefault(v.name, {})) as seen:
                 v.step = self.make_step()
+                if not callable(v.step):
+                    raise StepError(f"STEP returned {type(v.step).__name__}, not the callable running one training "
+                                    "step (make_step() -> step, step() -> loss)")
                 seen["loss"] = _loss(v.step())
         for v in variants[3:]:
             v.step = variants[0].step  # ablations share the table's instance (its graphs differ by one op)

@@ -121,14 +121,24 @@ def test_record_runs_a_command_and_writes_its_profile(tmp_path):
     (["run", "good.yaml", "-o", "t.yaml", "--trials", "two"], "argument --trials: expected an integer, got 'two'"),
     (["run", "good.yaml", "-o", "t.yaml", "--storage", "bogus://x"], "--storage bogus://x: not a storage URL"),
     (["verify", "t.yaml", "s.py:f", "--rounds", "1"], "argument --rounds: must be at least 3, got 1"),
+    (["run", "good.yaml", "-o", "adir"], "-o adir is a directory; name a file"),
+    (["record", "-o", "adir", "--", sys.executable, "-c", "open('ran', 'w')"], "-o adir is a directory"),
+    (["run", "sampled.yaml", "-o", "t.yaml"], "site m.n: samples 'garbage.pt' cannot be read (UnpicklingError"),
+    (["verify", "t.yaml", "s.py:f", "-o", "p.yaml"], "-o OUT writes the pruned table: it needs --prune"),
+    (["verify", "t.yaml", "s.py:f", "--json", "adir"], "--json adir is a directory"),
 ])
 def test_bad_input_exits_2_with_a_message(tmp_path, args, message):
+    """Refused before any work: nothing is tuned, recorded or run (no ``ran`` file)."""
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"version": 1, "sites": [{**GOOD, "op": "layernorm"}]}))
     (tmp_path / "good.yaml").write_text(yaml.safe_dump({"version": 1, "sites": [GOOD]}))
+    (tmp_path / "sampled.yaml").write_text(yaml.safe_dump({"version": 2, "sites": [{**GOOD, "samples": "garbage.pt"}]}))
+    (tmp_path / "garbage.pt").write_text("not a tensor file")
+    (tmp_path / "adir").mkdir()
     (tmp_path / "binary.yaml").write_bytes(b"version: 2\n\xff\xfe\x00entries: []\n")
     r = cli(*args, cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert message in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "t.yaml").exists()
 
 
 def test_bad_switch_value_exits_2():
@@ -262,3 +272,44 @@ def test_record_saves_samples_when_the_variable_asks_for_them(tmp_path):
             env={"NKI_AUTOTUNE_RECORD_SAMPLES": "1"})
     assert r.returncode == 0, r.stderr
     assert list((tmp_path / "p.samples").glob("*.pt")) and "samples:" in (tmp_path / "p.yaml").read_text()
+
+
+def test_verify_names_what_is_wrong_with_a_stale_table_or_a_step_that_is_not_one(tuned, tmp_path):
+    d, _, out, _ = tuned
+    (tmp_path / "s.py").write_text("def make_step():\n    return 3\n")
+    r = cli("verify", str(out), "s.py:make_step", "--rounds", "3", "--warmup", "0", cwd=tmp_path)
+    assert r.returncode == 2 and "STEP returned int, not the callable" in r.stderr, r.stderr
+    stale = yaml.safe_load(out.read_text())
+    for e in stale["entries"]:
+        e["source"] = "0123456789abcdef"
+    (tmp_path / "stale.yaml").write_text(yaml.safe_dump(stale))
+    r = cli("verify", "stale.yaml", "s.py:make_step", cwd=tmp_path)
+    assert r.returncode == 2 and "verify measures a table that is current on this machine" in r.stderr
+    assert "tuned for source 0123456789abcdef" in r.stderr and "NKI_AUTOTUNE_STRICT" not in r.stderr
+
+
+def test_an_interrupted_run_leaves_the_table_it_would_replace_whole(tmp_path, monkeypatch):
+    """The table is written once every key is complete (storage keeps what was measured, for the next run):
+    an interrupted run does not leave a partial table where a complete one was."""
+    from nki_autotune.autotune import cli as cli_module
+    from nki_autotune.autotune.tuner import Tuner
+    from nki_autotune.registry import Entry
+
+    calls = []
+
+    def tune_key(self, key, sites, profile=None):
+        calls.append(key)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return Entry(key, None, sites=[s.label() for s in sites], reason="decided")
+
+    monkeypatch.setattr(Tuner, "tune_key", tune_key)
+    prof = tmp_path / "p.yaml"
+    prof.write_text(yaml.safe_dump({"version": 2, "sites": [
+        GOOD, {**GOOD, "site": "m.b", "inputs": [{"shape": [2, 8], "dtype": "float32"},
+                                                  {"shape": [8], "dtype": "float32"}]}]}))
+    out = tmp_path / "dispatch.yaml"
+    out.write_text("the complete table of an earlier run\n")
+    rc = cli_module.main(["run", str(prof), "-o", str(out), "-q", "--storage", f"sqlite:///{tmp_path}/s.db"])
+    assert rc == 130 and len(calls) == 2
+    assert out.read_text() == "the complete table of an earlier run\n"
