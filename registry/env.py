@@ -85,7 +85,7 @@ def _flag(var: str, raw: str) -> bool:
         return False
     if value in ("1", "true", "yes", "on"):
         return True
-    raise SettingsError(f"{var}={raw!r} is not allowed; use 0 or 1")
+    raise SettingsError(f"{var}={raw!r} is not allowed; use 1 (or true, yes, on) or 0 (or false, no, off)")
 
 
 def read_settings(env: Mapping[str, str]) -> Settings:

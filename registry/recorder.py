@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from .callkey import key_of_call
+from .env import RECORD, SettingsError
 from .op import Op, get_op
 from .profile import Profile, Site
 from .switches import settings
@@ -159,7 +160,10 @@ def autostart() -> Recorder | None:
     s = settings()
     if not s.record or _active is not None:
         return None
-    rec = Recorder(rank_path(s.record), samples=s.record_samples)
+    path = rank_path(s.record)
+    if Path(path).is_dir():  # found now, not after the whole run, when the profile could not be written
+        raise SettingsError(f"{RECORD}={s.record!r} is a directory; name the profile file to write")
+    rec = Recorder(path, samples=s.record_samples)
     rec.start()
     pid = os.getpid()
 

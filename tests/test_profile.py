@@ -183,3 +183,13 @@ def test_a_process_that_made_no_call_leaves_the_recorded_profile_as_it_was(tmp_p
     assert out.read_text() == before and "made no call of a pack op" in r.stderr
     (site,) = load_profile(out, ops()).sites
     assert site.calls == 1
+
+
+def test_a_record_path_that_is_a_directory_is_refused_when_the_pack_is_imported(tmp_path):
+    """Found at exit, after the whole run, the profile would be lost; at import the run has not started."""
+    (tmp_path / "adir").mkdir()
+    env = {"NKI_AUTOTUNE_RECORD": "adir", "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-c", "import nki_autotune.kernels; open('ran', 'w')"], env=env,
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode != 0 and "NKI_AUTOTUNE_RECORD='adir' is a directory" in r.stderr
+    assert not (tmp_path / "ran").exists()
