@@ -373,7 +373,8 @@ def cmd_verify(args, console: Console) -> int:
             lo, hi = row["realized_ci95"]
             pred = "-" if row["predicted_ms"] is None else f"{row['predicted_ms']:+.3f}"
             e.add_row(str(row["entry"]), row["key"], row["impl"], pred, f"{row['realized_ms']:+.3f}",
-                      f"{lo:+.3f} to {hi:+.3f}", "[green]yes[/]" if row["kept"] else "[red]no[/]")
+                      f"{lo:+.3f} to {hi:+.3f}", ("[green]yes[/]" if row["kept"] else "[red]no[/]")
+                      + (" (median; its interval spans 0)" if lo <= 0 <= hi else ""))
         console.print(e)
     console.print(("[red]" if r.slower else "[green]") + r.verdict + "[/]")
     if r.ceiling and r.ceiling["speedup"]:
