@@ -34,8 +34,10 @@ def _die_with_parent() -> None:
 
 
 def _serve(conn, backend: str, options: MeasureOptions, imports: list[str]) -> None:
-    """The worker's main loop: requests in, results (or the error) out."""
+    """The worker's main loop: requests in, results (or the error) out. Ctrl-C is the tuner's to handle (it
+    reaches the whole process group): the worker ends when the tuner closes its pipe or dies."""
     _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import importlib
 
     import nki_autotune.kernels  # noqa: F401  (registers every op)
@@ -56,12 +58,16 @@ def _serve(conn, backend: str, options: MeasureOptions, imports: list[str]) -> N
     while True:
         try:
             kind, args = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):  # the tuner closed the pipe, or is gone
             return
         try:
-            conn.send(("ok", getattr(bench, kind)(*args)))
+            reply = ("ok", getattr(bench, kind)(*args))
         except Exception as e:
-            conn.send(("error", f"{type(e).__name__}: {str(e)[:300]}"))
+            reply = ("error", f"{type(e).__name__}: {str(e)[:300]}")
+        try:
+            conn.send(reply)
+        except OSError:  # a broken pipe: the tuner is gone
+            return
 
 
 def _rss_bytes(pid: int) -> int | None:
