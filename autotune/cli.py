@@ -115,7 +115,6 @@ def cmd_run(args, console: Console) -> int:
             raise UsageError(f"backend {args.backend} is not available here: {why}")
     _writable(args.output, "-o")
     profile = load_profile(args.profile, registered)
-    _check_samples(profile)
     wanted = None
     if args.ops:
         wanted = tuple(o.strip() for o in args.ops.split(",") if o.strip())
@@ -144,6 +143,9 @@ def cmd_run(args, console: Console) -> int:
         try:
             tuner = Tuner(backend, search, bench, options, listener=bar)
             table = tuner.tune(profile)
+        except KeyboardInterrupt:
+            bench.close(wait_s=0)  # the trial under way is dropped: it runs again on resume
+            raise
         finally:
             bench.close()
     table.save(args.output)
@@ -226,22 +228,6 @@ def cmd_list(args, console: Console) -> int:
 
 
 # -- record -----------------------------------------------------------------------------------------------------
-
-
-def _check_samples(profile) -> None:
-    """Every recorded input file loads: a bad one is the profile's fault, not any config's (measured, it would
-    fail every trial of its key and be stored as such)."""
-    import torch
-
-    for site in profile.sites:
-        path = profile.samples_path(site)
-        if path is None:
-            continue
-        try:
-            torch.load(path, weights_only=True)
-        except Exception as e:  # any unpickling error: the file is not a sample file
-            raise UsageError(f"{profile.path}: site {site.label()}: samples {site.samples!r} cannot be read "
-                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
 
 
 def cmd_record(args, console: Console) -> int:
@@ -335,14 +321,11 @@ def cmd_verify(args, console: Console) -> int:
     for path, option in ((args.output, "-o"), (args.json, "--json")):
         if path:
             _writable(path, option)
-    from ..registry import TableError
     from ..registry.switches import load_checked
 
-    try:  # a foreign or stale table cannot be verified: it is not what dispatch would follow
-        table = load_checked(args.table, read_settings({STRICT: "1"}))
-    except TableError as e:
-        raise UsageError(f"verify measures a table that is current on this machine: "
-                         f"{str(e).removesuffix(f' ({STRICT}=1)')}") from None
+    # a foreign or stale table cannot be verified: it is not what dispatch would follow
+    table = load_checked(args.table, read_settings({STRICT: "1"}),
+                         strict_because="verify measures only a table that is current on this machine")
     try:
         make_step = load_step(args.step)
     except StepError as e:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import Key, Op, TensorSpec
+from ..registry import Key, Op, ProfileError, TensorSpec
 
 
 def laid_out(t: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
@@ -40,3 +40,13 @@ def carrying_gradients(outs, seeds) -> tuple[list[torch.Tensor], list[torch.Tens
     from no input that needs one (rope's k when only q needs a gradient) has none, and autograd refuses it."""
     pairs = [(o, s) for o, s in zip(outs, seeds) if o.requires_grad]
     return [o for o, _ in pairs], [s for _, s in pairs]
+
+
+def load_samples(path: str) -> dict:
+    """A site's recorded inputs. A file that does not load is the profile's fault, not any config's: measured,
+    it would fail every trial of its key and be stored as such."""
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as e:  # any unpickling error: not a samples file
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ProfileError(f"samples {path} cannot be read ({type(e).__name__}: {first})") from None

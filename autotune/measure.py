@@ -21,6 +21,7 @@ import torch
 
 from ..registry import Backend, Key, get_op
 from .calibration import Calibration
+from .inputs import load_samples
 from .numerics import check_impl
 from .search import TrialResult
 from .timing import Clock, Runner, Workload, choose_calls, comparison, interleave
@@ -90,7 +91,7 @@ class LocalBench:
         """Build (and compile) ``key``'s workload unless it is the current one; returns the calls per region."""
         if self._key != key or self._bench is None:
             self._bench = None
-            self._samples = torch.load(samples, weights_only=True) if samples else None
+            self._samples = load_samples(samples) if samples else None
             if not self._calibrated:
                 with self.lock():
                     self.calibration.read()  # the first reading sets the bar

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from ..registry import Backend, Entry, Impl, Key, Profile, Site, Table, get_op, ops
 from .decision import Candidate, decide
+from .inputs import load_samples
 from .measure import MeasureOptions
 from .search import Search, TrialResult, handlers
 
@@ -79,6 +80,10 @@ class Tuner:
         keys = profile.keys(ops(), self.options.mode)
         if self.options.ops is not None:
             keys = {k: v for k, v in keys.items() if k.op in self.options.ops}
+        for sites in keys.values():  # before any trial: a bad file is bad input, not a failed config
+            path = self._samples(sites, profile)
+            if path is not None:
+                load_samples(path)
         self.listener.keys(len(keys))
         fingerprint = self.backend.fingerprint()
         entries: dict[Key, Entry] = {}

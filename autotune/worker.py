@@ -34,8 +34,9 @@ def _die_with_parent() -> None:
 
 
 def _serve(conn, backend: str, options: MeasureOptions, imports: list[str]) -> None:
-    """The worker's main loop: requests in, results (or the error) out. Ctrl-C is the tuner's to handle (it
-    reaches the whole process group): the worker ends when the tuner closes its pipe or dies."""
+    """The worker's main loop: requests in, results (or the error) out. Ctrl-C reaches the whole process group
+    but is the tuner's to handle: it stops the worker at once (a worker that died of it first would read as a
+    failed trial); the worker also ends when the tuner closes its pipe or dies."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import importlib
@@ -165,15 +166,16 @@ class Worker:
                 self._kill()
                 raise WorkerFailure(f"timed out after {timeout:.0f} s (--trial-timeout); the worker was killed")
 
-    def close(self) -> None:
-        """Ask the worker to finish (it returns when its end of the pipe closes), then make sure it has."""
+    def close(self, wait_s: float = 10.0) -> None:
+        """Ask the worker to finish (it returns when its end of the pipe closes), give it ``wait_s`` to end its
+        trial, then make sure it has."""
         if self._conn is not None:
             try:
                 self._conn.close()
             except OSError:
                 pass
         if self._proc is not None:
-            self._proc.join(10)
+            self._proc.join(wait_s)
         self._kill()
 
 
@@ -228,8 +230,8 @@ class IsolatedBench:
         counting waits for the machine lock: the lease of a trial no stamp has reached yet (``search``)."""
         return self.prepare_timeout + self.final_timeout + 60.0
 
-    def close(self) -> None:
-        self.worker.close()
+    def close(self, wait_s: float = 10.0) -> None:
+        self.worker.close(wait_s)
 
 
 __all__ = ["IsolatedBench", "Worker", "WorkerFailure", "default_memory_limit"]

@@ -32,7 +32,8 @@ from . import _outputs
 FASTMATH = {"nsz", "reassoc"}
 ELEMENTWISE = {"nsz"}
 """Without reassociation: each element's operations in the expression's own order, where it decides what
-overflows (``silu(g) * u`` is not ``g * u / (1 + exp(-g))`` at u = 3e38). Kernels with no sum over a loop use it."""
+overflows (``silu(g) * u`` is not ``g * u / (1 + exp(-g))`` at u = 3e38). Kernels whose loops are element-wise
+use it (a sum over a loop vectorises only with reassociation: such a sum goes in a function of its own)."""
 FLOATS = ("float32", "bfloat16")
 """The float dtypes every CPU kernel takes (computing in float32)."""
 _OPTS = dict(fastmath=FASTMATH, error_model="numpy")

@@ -83,12 +83,12 @@ def call(op: Op, tensors: tuple, attrs: tuple) -> Any:
             return op.reference(*tensors, *attrs)
         generation = switches.guard.generation  # a plain attribute: the graph guards on it
     else:
+        if transformed():  # never a kernel here, so no site of a profile either
+            return op.reference(*tensors, *attrs)
         generation = switches.current().generation  # this context's switches
         rec = recorder.active()
         if rec is not None:
             rec.log(op, tensors, raw, attrs, grad)
-        if transformed():
-            return op.reference(*tensors, *attrs)
     choice = decide(op.name, raw, attrs, grad, generation)
     if choice is None:
         return op.reference(*tensors, *attrs)

@@ -44,6 +44,13 @@ class Op:
         for a, t in self.attrs.items():
             if t not in _SCHEMA_TYPES:
                 raise TypeError(f"op {self.name}: attr {a} has type {t}; use float, int, bool, str or int | None")
+        if self.sources and len(self.sources) != self.outputs:
+            raise ValueError(f"op {self.name}: sources names {len(self.sources)} outputs' inputs; it has "
+                             f"{self.outputs} outputs")
+        unknown = sorted({n for names in self.sources for n in names} - set(self.tensors))
+        if unknown:
+            raise ValueError(f"op {self.name}: sources name {', '.join(unknown)}, not among its tensors "
+                             f"{', '.join(self.tensors)}")
 
     def attr_dict(self, values: tuple) -> dict[str, Any]:
         return dict(zip(self.attrs, values))

@@ -125,8 +125,9 @@ def entry_impl(entry: Entry) -> Impl | None:
     return op.impls.get(name) if op is not None and isinstance(name, str) else None
 
 
-def load_checked(path: str, s: _s.Settings) -> Table | None:
-    """A table, if tuned on this machine; else None with a warning, or an error under strict mode.
+def load_checked(path: str, s: _s.Settings, strict_because: str = f"{_s.STRICT}=1") -> Table | None:
+    """A table, if tuned on this machine; else None with a warning, or an error under strict mode (the error
+    ends with ``strict_because``: why strict applies).
 
     Entries tuned for other kernel source, or whose config the kernel does not take on this machine, are marked
     stale (``table.stale``): dispatch ignores them, with a warning here, or an error under strict mode."""
@@ -135,7 +136,7 @@ def load_checked(path: str, s: _s.Settings) -> Table | None:
     current_fp = backend.fingerprint() if backend is not None and backend.available() else None
     why = fingerprint_mismatch(table, current_fp)
     if why is not None:
-        _complain(s, f"ignoring dispatch table {path}, tuned on another machine: {why}")
+        _complain(s, f"ignoring dispatch table {path}, tuned on another machine: {why}", strict_because)
         return None
     table = load_table(path, ops(), unknown_ops="skip")
     for i, e in enumerate(table.entries):
@@ -149,13 +150,13 @@ def load_checked(path: str, s: _s.Settings) -> Table | None:
         listed = "; ".join(f"entries[{i}] {table.entries[i].key.label()}: {r}" for i, r in table.stale.items())
         _complain(s, f"dispatch table {path}: ignoring {len(table.stale)} stale entr"
                      f"{'y' if len(table.stale) == 1 else 'ies'} (tuned for a kernel source or a machine that is not "
-                     f"this one's; run nki-autotune run again): {listed}")
+                     f"this one's; run nki-autotune run again): {listed}", strict_because)
     return table
 
 
-def _complain(s: _s.Settings, msg: str) -> None:
+def _complain(s: _s.Settings, msg: str, strict_because: str = f"{_s.STRICT}=1") -> None:
     if s.strict:
-        raise TableError(f"{msg} ({_s.STRICT}=1)")
+        raise TableError(f"{msg} ({strict_because})")
     warnings.warn(f"nki-autotune: {msg}; set {_s.STRICT}=1 to make this an error", stacklevel=4)
 
 

@@ -83,3 +83,26 @@ def test_a_transform_inside_a_compiled_region_traces_the_expression(switches, tr
     got = torch.compile(lambda w: derivative(nk.rmsnorm, w), fullgraph=True, dynamic=False)(w)
     want = derivative(lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w, w)
     assert want.abs().sum() > 0 and rel_err(got, want) < 1e-5
+
+
+def test_calls_under_a_transform_are_not_recorded(tmp_path, switches):
+    """They never take a kernel, so they are no call site to tune (and a vmapped index is no sample to save)."""
+    from nki_autotune.registry import load_profile, ops, record
+
+    w, ids = torch.randn(50, 8), torch.randint(0, 50, (3, 4))
+    x = torch.randn(4, 16)
+    with record(tmp_path / "p.yaml", samples=True):
+        torch.func.vmap(lambda i: nk.embedding(i, w))(ids)
+        torch.func.grad(lambda a: nk.softmax(a, -1)[:, 0].sum())(x)
+        nk.softmax(x, -1)
+    (site,) = load_profile(tmp_path / "p.yaml", ops()).sites
+    assert site.op == "softmax" and site.calls == 1
+
+
+def test_an_op_names_the_sources_of_each_output_among_its_tensors():
+    from nki_autotune.registry import Op
+
+    with pytest.raises(ValueError, match="sources names 1 outputs' inputs; it has 2 outputs"):
+        Op("pair", lambda a, b: (a, b), ("a", "b"), outputs=2, sources=(("a",),))
+    with pytest.raises(ValueError, match="sources name c, not among its tensors a, b"):
+        Op("pair", lambda a, b: (a, b), ("a", "b"), outputs=2, sources=(("a",), ("c",)))

@@ -58,8 +58,9 @@ def _forward_body(x, w, eps, rows, y, rstd):
 
 
 def _row_dot_body(dy, w, x):
-    """sum((dy * w) * x) over a row, vectorised: the backward's one sum, apart from the backward itself, which
-    compiles without reassociation so that its products keep the expression's order."""
+    """sum((dy * w) * x) over a row, vectorised: the backward's one sum, compiled apart (with reassociation,
+    which a vectorised sum needs, and which lets LLVM reorder these products too) from the backward itself,
+    whose element-wise products keep the expression's order."""
     acc = np.float32(0.0)
     for j in range(x.shape[0]):
         acc += f32(dy[j]) * f32(w[j]) * f32(x[j])

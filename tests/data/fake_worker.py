@@ -59,7 +59,7 @@ def main() -> None:
     bench = LocalBench(be, options.measure(), clock=clock, calibration=Calibration(be, clock, QuietMeter()),
                        lock=logged_lock)
     search = Search(open_storage(a.storage, heartbeat_s=a.heartbeat), be.fingerprint(), trials=20, lease_s=a.lease)
-    Tuner(be, search, bench, options).tune(load_profile(a.profile, ops()), a.out)
+    Tuner(be, search, bench, options).tune(load_profile(a.profile, ops())).save(a.out)
 
 
 if __name__ == "__main__":
