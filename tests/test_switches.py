@@ -44,7 +44,7 @@ def test_invalid_values_name_the_variable_and_the_allowed_values(var, raw):
     with pytest.raises(SettingsError) as e:
         read_settings({var: raw})
     assert var in str(e.value) and repr(raw) in str(e.value)
-    assert "auto" in str(e.value) or "0 or 1" in str(e.value)
+    assert "auto" in str(e.value) or "use 1 (or true, yes, on) or 0 (or false, no, off)" in str(e.value)
 
 
 def test_unknown_impl_and_unknown_op_are_rejected_on_reload():
