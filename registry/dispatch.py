@@ -79,7 +79,7 @@ def call(op: Op, tensors: tuple, attrs: tuple) -> Any:
     raw = raw_of(tensors)
     grad = torch.is_grad_enabled()
     if torch.compiler.is_compiling():
-        if symbolic(raw, attrs) or transformed():  # tables and supports() speak of static shapes only
+        if symbolic(raw, attrs) or transformed():  # tables speak of static shapes; transforms: see transformed
             return op.reference(*tensors, *attrs)
         generation = switches.guard.generation  # a plain attribute: the graph guards on it
     else:
