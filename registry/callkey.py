@@ -21,6 +21,8 @@ def integer(value: Any) -> Any:
     """An integer attribute of a pack call, as PyTorch takes one (``operator.index``: a float is refused); a
     symbolic one (a size under dynamic shapes) stays symbolic, so the call takes the expression, rather than
     being read as an int, which would specialise the graph to its value."""
+    if type(value) is int:  # the usual case, on every eager call
+        return value
     symbolic_int = isinstance(value, (int, torch.SymInt)) and not has_static_value(value)  # Dynamo: SymInt is int
     return value if symbolic_int else operator.index(value)
 
