@@ -61,8 +61,17 @@ def kernel(fn: Callable, fastmath: set[str] = FASTMATH) -> tuple[Callable, Calla
 
 
 def inline(fn: Callable) -> Callable:
-    """A helper compiled into the kernels that call it, with the kernels' arithmetic rules."""
+    """A helper compiled into the kernels that call it, with the kernels' arithmetic rules (inlined as numba IR,
+    before the loops that call it vectorise)."""
     return numba.njit(inline="always", **_OPTS)(fn)
+
+
+def helper(fastmath: set[str]) -> Callable[[Callable], Callable]:
+    """A larger helper, compiled apart with ``fastmath`` (the rules of the kernels that call it) and inlined
+    into them by LLVM: where helpers hold loops or call helpers, numba's own inlining (``inline``) copies them
+    into every caller before its parallel passes, and the example's five kernels (serial and parallel builds)
+    compiled in 23 s instead of 11, at the same speed."""
+    return lambda fn: numba.njit(**{**_OPTS, "fastmath": fastmath})(fn)
 
 
 @intrinsic
@@ -220,7 +229,7 @@ def max_sumexp(x, r, online, skip=-1):
     return m, s
 
 
-@inline
+@helper(FASTMATH)
 def _sumexp_without(row, m, skip):
     """The sum of exp(row - m) over every column but ``skip`` (none where it lies outside the row)."""
     if skip < 0 or skip >= row.shape[0]:

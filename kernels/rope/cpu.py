@@ -26,7 +26,7 @@ from .._cpu import (
     empty,
     f32,
     fma32,
-    inline,
+    helper,
     kernel,
     launch,
     max_threads,
@@ -39,21 +39,21 @@ from .op import ROPE, shape_problem
 POSITIONS = (1, 8, 64)
 
 
-@inline
+@helper(ELEMENTWISE)
 def _row(x, bshd, b, h, p):
     """Head h's row at position p of batch b, from x stored [b, h, s, d] or (``bshd``) [b, s, h, d]."""
     i, k = (p, h) if bshd else (h, p)  # two integers chosen, one view made
     return x[b, i, k]
 
 
-@inline
+@helper(ELEMENTWISE)
 def _heads_of(x, xt):
     """(batch, heads, positions, dim) of x stored [b, h, s, d] or (``xt``) [b, s, h, d]."""
     b, i, k, d = x.shape
     return (b, k, i, d) if xt else (b, i, k, d)
 
 
-@inline
+@helper(ELEMENTWISE)
 def _walk(bshd, heads, p0, p1, u, v):
     """(head, position) of step (u, v) of a walk over ``heads`` x [p0, p1) in memory order: a position's heads are
     adjacent in [b, s, h, d] (``bshd``), a head's positions in [b, h, s, d]. Rows read in memory order stream;
@@ -61,12 +61,12 @@ def _walk(bshd, heads, p0, p1, u, v):
     return (v, p0 + u) if bshd else (u, p0 + v)
 
 
-@inline
+@helper(ELEMENTWISE)
 def _extent(bshd, heads, p0, p1):
     return (p1 - p0, heads) if bshd else (heads, p1 - p0)
 
 
-@inline
+@helper(ELEMENTWISE)
 def _rotate(x, xt, c, s, b, cb, heads, p0, p1, half, out, ot):
     """out = x * cos + rot(x) * sin for every head at positions [p0, p1) of batch b; cos and sin of batch cb.
     Walked in the output's memory order."""
@@ -84,7 +84,7 @@ def _rotate(x, xt, c, s, b, cb, heads, p0, p1, half, out, ot):
                                                      f32(xr[j]) * f32(sr[j + half])))
 
 
-@inline
+@helper(ELEMENTWISE)
 def _task(t, nbc, nb, ns, grain):
     """Task t's batches, cos/sin batch and positions: tasks run over (block of ``grain`` positions, cos/sin
     batch), batch fastest; a cos/sin batch of 1 for a larger q/k batch takes every batch."""
@@ -106,7 +106,7 @@ def _forward_body(q, qt, k, kt, c, s, grain, qo, qot, ko, kot):
             _rotate(k, kt, c, s, b, cb, hk, p0, p1, half, ko, kot)
 
 
-@inline
+@helper(ELEMENTWISE)
 def _unrotate(g, gt, c, s, b, cb, heads, p0, p1, half, dx):
     """dx = the rotation of g by -angle, for every head at positions [p0, p1) of batch b; g and dx in one
     layout (``gt`` as ``_row``), walked in its memory order."""
@@ -121,7 +121,7 @@ def _unrotate(g, gt, c, s, b, cb, heads, p0, p1, half, dx):
                 dr[j + half] = cast_to(dr, fma32(f32(gr[j + half]), f32(cr[j + half]), -(f32(gr[j]) * f32(sr[j]))))
 
 
-@inline
+@helper(ELEMENTWISE)
 def _accumulate(x, xt, g, gt, b, cb, heads, p0, p1, half, dc, ds):
     """dcos += g * x and dsin += g * rot(x) at positions [p0, p1) of batch b, summed over heads, walked in g's
     memory order: loops of one output each, which vectorise (several outputs in one loop would each need a
@@ -139,7 +139,7 @@ def _accumulate(x, xt, g, gt, b, cb, heads, p0, p1, half, dc, ds):
                 dsr[j + half] += f32(gr[j + half]) * f32(xr[j])
 
 
-@inline
+@helper(ELEMENTWISE)
 def _grad_dims(gq, gqt, gk, gkt, c, grain):
     """(batches, q heads, k heads, positions, dim, cos/sin batches, tasks) of a backward."""
     nb, hq, ns, d = _heads_of(gq, gqt)
