@@ -235,6 +235,7 @@ def test_on_a_journal_a_trial_is_alive_while_its_worker_waits_and_dead_once_it_s
         time.sleep(5.0)
         return TrialResult(cfg, 1.5, {})
 
+    search._enqueue(study, impl, key, {"threads": 1, "rows_per_task": 16}, TRIAL)  # a config the key allows
     stop = threading.Event()
     watcher = threading.Thread(target=watch)
     watcher.start()

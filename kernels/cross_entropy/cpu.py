@@ -20,6 +20,7 @@ from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
 from .._cpu import (
+    FASTMATH,
     FLOATS,
     array,
     cast_to,
@@ -27,7 +28,7 @@ from .._cpu import (
     exp32,
     f32,
     finite32,
-    inline,
+    helper,
     kernel,
     launch,
     max_sumexp,
@@ -54,7 +55,7 @@ def _forward_body(x, target, ignore, online, losses, rows):
         losses[r] = softplus64(np.log(np.float64(rest)) - d)  # = lse - x_t, with no cancellation
 
 
-@inline
+@helper(FASTMATH)
 def _write_probs(xs, m, inv, scale, ds):
     """ds = exp(xs - m) / sum * scale over one row slice; returns the sum of those probabilities."""
     s = np.float32(0.0)
