@@ -90,6 +90,8 @@ def _miss(view: View, key: Key) -> str:
         if near is not None:
             i, diff = near
             notes.append(f"nearest in {t.path} is entries[{i}], which differs in {', '.join(diff)}")
+        notes += [f"{t.path} entries[{i}] names {what}, which is not registered: ignored"
+                  for i, what in t.skipped.items() if what.startswith(f"impl {key.op}.")]
     where = ", ".join(str(t.path) for t in view.tables)
     return f"no entry for this key in {where}" + (f" ({'; '.join(notes)})" if notes else "")
 

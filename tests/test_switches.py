@@ -187,7 +187,7 @@ def test_a_user_impl_of_a_pack_op_is_named_before_its_module_registers_it(tmp_pa
             warnings.simplefilter("always")
             with torch.no_grad():
                 nk.rmsnorm(x, w)
-            print("PATH", explain("rmsnorm", x, w).impl)
+            print("PATH", explain("rmsnorm", x, w).impl, "WHY", explain("rmsnorm", x, w).reason)
         print("WARN", " | ".join(str(c.message) for c in caught))
     """)
     run = [sys.executable, "-c", code]
@@ -198,6 +198,7 @@ def test_a_user_impl_of_a_pack_op_is_named_before_its_module_registers_it(tmp_pa
         r = subprocess.run([*run, "no"], capture_output=True, text=True, env=env, cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         assert "PATH None" in r.stdout and "entries[0] names impl rmsnorm.mine" in r.stdout
+        assert "entries[0] names impl rmsnorm.mine, which is not registered: ignored" in r.stdout.split("WHY")[1]
         r = subprocess.run([*run, "no"], capture_output=True, text=True, env={**env, "NKI_AUTOTUNE_STRICT": "1"},
                            cwd=tmp_path)
         assert r.returncode != 0 and "entries[0] names impl rmsnorm.mine" in r.stderr and "TableError" in r.stderr
