@@ -109,7 +109,8 @@ class Fields:
     def get(self, field: str, types: type | tuple[type, ...], default: Any = ..., what: str = "") -> Any:
         if field not in self.data or self.data[field] is None:
             if default is ...:
-                raise self.fail(field, "missing")
+                raise self.fail(field, "missing" if field not in self.data else
+                                f"empty (null); expected {what or _names(types)}")
             return default
         value = self.data[field]
         if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):

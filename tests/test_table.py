@@ -85,6 +85,8 @@ def test_a_written_file_has_the_mode_open_would_give_it(tmp_path):
     ("version: 1\nentries: [\n", "t.yaml", "not valid YAML at line"),
     ("- just\n- a list\n", "t.yaml", "expected a mapping"),
     (_doc(op=_DROP), "entries[1]", "field 'op': missing"),
+    (_doc(op=None), "entries[1]", "field 'op': empty (null); expected"),
+    ("version: 2\nfingerprint: {backend: cpu}\nentries:\n", "t.yaml", "field 'entries': empty (null); expected a list"),
     (_doc(op="layernorm"), "entries[1]", "field 'op': unknown op 'layernorm'"),
     (_doc(mode="eval"), "entries[1] (rmsnorm)", "field 'mode'"),
     (_doc(inputs=[[[8, 64], "float32"]]), "entries[1] (rmsnorm)", "field 'inputs': rmsnorm takes 2 tensors"),
