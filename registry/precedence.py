@@ -89,7 +89,7 @@ def _miss(view: View, key: Key) -> str:
         near = t.nearest(key)
         if near is not None:
             i, diff = near
-            notes.append(f"nearest in {t.path} is entries[{i}], which differs in {', '.join(diff)}")
+            notes.append(f"nearest in {t.path} is entries[{t.position(i)}], which differs in {', '.join(diff)}")
         notes += [f"{t.path} entries[{i}] names {what}, which is not registered: ignored"
                   for i, what in t.skipped.items() if what.startswith(f"impl {key.op}.")]
     where = ", ".join(str(t.path) for t in view.tables)
@@ -102,7 +102,7 @@ def resolve(op: Op, key: Key, devices: set[str], view: View) -> Explanation:
     found = _find(view, key)
     table, index, entry = found if found is not None else (None, None, None)
     stale = table.stale.get(index) if table is not None else None
-    where = {} if table is None else {"table": table.path, "entry": index}
+    where = {} if table is None else {"table": table.path, "entry": table.position(index)}
 
     def compiler(reason: str, **decided) -> Explanation:
         return Explanation(op.name, key, COMPILER, None, {}, reason, **decided)
@@ -119,7 +119,7 @@ def resolve(op: Op, key: Key, devices: set[str], view: View) -> Explanation:
 
     if value == "off":
         return compiler(f"{var}=off")
-    named = f"table {table.path} entries[{index}]" if table is not None else ""
+    named = f"table {table.path} entries[{table.position(index)}]" if table is not None else ""
     if stale is not None:
         entry, ignored = None, f"{named} is stale and ignored: {stale}"
     else:

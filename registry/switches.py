@@ -147,7 +147,8 @@ def load_checked(path: str, s: _s.Settings, strict_because: str = f"{_s.STRICT}=
         if reason is not None:
             table.stale[i] = reason
     if table.stale:
-        listed = "; ".join(f"entries[{i}] {table.entries[i].key.label()}: {r}" for i, r in table.stale.items())
+        listed = "; ".join(f"entries[{table.position(i)}] {table.entries[i].key.label()}: {r}"
+                           for i, r in table.stale.items())
         _complain(s, f"dispatch table {path}: ignoring {len(table.stale)} stale entr"
                      f"{'y' if len(table.stale) == 1 else 'ies'} (tuned for a kernel source or a machine that is not "
                      f"this one's; run nki-autotune run again): {listed}", strict_because)

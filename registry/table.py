@@ -99,9 +99,15 @@ class Table:
     dispatch ignores (set by the loader)."""
     skipped: dict[int, str] = field(default_factory=dict)
     """Index in the file -> what it names: entries of ops or impls not registered when it was read."""
+    positions: list[int] = field(default_factory=list)
+    """Each entry's index in the file, where skipped entries make it differ from its index in ``entries``."""
 
     def __post_init__(self) -> None:
         self._index = {e.key: i for i, e in enumerate(self.entries)}
+
+    def position(self, i: int) -> int:
+        """The index in the file of ``entries[i]``: what messages name."""
+        return self.positions[i] if self.positions else i
 
     def lookup(self, key: Key) -> Entry | None:
         i = self._index.get(key)
@@ -155,7 +161,7 @@ def parse_table(data: Any, path: str, ops: Mapping[str, Op] | None = None, unkno
             raise top.fail("fingerprint.backend", "missing; it names the backend the table was tuned on")
         created = str(top.get("created", (str, datetime), default=""))
         raw_entries = top.get("entries", list)
-        entries, seen, skipped = [], {}, {}
+        entries, seen, skipped, positions = [], {}, {}, []
         for i, raw in enumerate(raw_entries):
             missing = _unregistered(raw, ops) if unknown_ops == "skip" and ops is not None else None
             if missing is not None:
@@ -166,11 +172,13 @@ def parse_table(data: Any, path: str, ops: Mapping[str, Op] | None = None, unkno
                 raise TableError(f"{path}: entries[{i}]: same op, mode, inputs and attrs as entries[{seen[entry.key]}]")
             seen[entry.key] = i
             entries.append(entry)
+            positions.append(i)
     except TableError:
         raise
     except FormatError as e:
         raise _fail(e) from None
-    return Table(fingerprint=dict(fingerprint), entries=entries, created=created, path=path, skipped=skipped)
+    return Table(fingerprint=dict(fingerprint), entries=entries, created=created, path=path, skipped=skipped,
+                 positions=positions)
 
 
 def _measured(f: Fields) -> dict[str, Any]:

@@ -211,3 +211,36 @@ def test_a_table_naming_a_parameter_this_kernel_lacks_is_ignored_not_an_error(sw
         switches(NKI_AUTOTUNE_TABLE=path)
     assert explain("rmsnorm", torch.randn(8, 64, requires_grad=True), torch.ones(64, requires_grad=True)).path \
         == "compiler"
+
+
+def test_messages_name_an_entry_by_its_index_in_the_file_when_earlier_entries_are_not_registered(
+        switches, write_table):
+    """Entries of ops or impls not registered are left out when dispatch reads a table: the entries after them
+    are still named by their place in the file, in decisions, near misses and stale warnings."""
+    import copy
+
+    import yaml
+
+    current = get_op("rmsnorm").impls["cpu_rows"].source_hash
+    chosen = Entry(rmsnorm_key((8, 64)), "cpu_rows", {"threads": 1, "rows_per_task": 4}, reason="faster",
+                   source=current, module="nki_autotune.kernels.rmsnorm.cpu")
+    stale = Entry(rmsnorm_key((16, 64)), "cpu_rows", {"threads": 1, "rows_per_task": 4}, reason="faster",
+                  source="0123456789abcdef", module="nki_autotune.kernels.rmsnorm.cpu")
+    path = write_table([chosen, stale])
+    doc = yaml.safe_load(open(path))
+    good, old = doc["entries"]
+    typo_op = {**copy.deepcopy(good), "op": "rmsnrom"}  # not a registered op
+    typo_impl = copy.deepcopy(good)
+    typo_impl["choice"]["impl"], typo_impl["inputs"][0][0] = "cpu_row", [4, 64]  # not a registered impl
+    doc["entries"] = [typo_op, good, typo_impl, old]
+    with open(path, "w") as f:
+        yaml.safe_dump(doc, f)
+    with pytest.warns(UserWarning, match=r"entries\[3\] rmsnorm\(\[16, 64\].*tuned for source 0123456789abcdef"):
+        switches(NKI_AUTOTUNE_TABLE=path)
+    w = torch.randn(64, requires_grad=True)
+    exp = explain("rmsnorm", torch.randn(8, 64, requires_grad=True), w)
+    assert exp.path == "kernel" and exp.entry == 1 and f"{path} entries[1]" in exp.reason, exp.reason
+    exp = explain("rmsnorm", torch.randn(16, 64, requires_grad=True), w)
+    assert "entries[3] is stale and ignored" in exp.reason, exp.reason
+    exp = explain("rmsnorm", torch.randn(8, 64, dtype=torch.float64, requires_grad=True), w.double())
+    assert "is entries[1], which differs in" in exp.reason, exp.reason
