@@ -27,7 +27,7 @@ from ..registry import FormatError, SettingsError, load_profile, load_table, swi
 from ..registry.backend import dist_version
 from ..registry.env import KERNEL_OP, KERNELS, LOG, RECORD, RECORD_SAMPLES, STRICT, TABLE, read_settings
 from ..registry.profile import merge
-from ..registry.yamlio import atomic_write_text
+from ..registry.yamlio import atomic_write_text, unwritable
 from . import report
 
 
@@ -36,13 +36,10 @@ class UsageError(Exception):
 
 
 def _writable(path: str, option: str) -> None:
-    """Refuse an output path that cannot be a file before any work is done (its folders are made on write)."""
-    p = Path(path)
-    if p.is_dir():
-        raise UsageError(f"{option} {path} is a directory; name a file")
-    parent = next((q for q in p.resolve().parents if q.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise UsageError(f"{option} {path}: {parent} is a file, not a folder")
+    """Refuse an output path that cannot be a file before any work is done."""
+    why = unwritable(path)
+    if why is not None:
+        raise UsageError(f"{option} {path} {why}")
 
 
 def _heavy(imports: list[str] | None = None):

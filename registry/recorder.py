@@ -29,6 +29,7 @@ from .env import RECORD, SettingsError
 from .op import Op, get_op
 from .profile import Profile, Site
 from .switches import settings
+from .yamlio import unwritable
 
 _active: Recorder | None = None
 
@@ -161,8 +162,9 @@ def autostart() -> Recorder | None:
     if not s.record or _active is not None:
         return None
     path = rank_path(s.record)
-    if Path(path).is_dir():  # found now, not after the whole run, when the profile could not be written
-        raise SettingsError(f"{RECORD}={s.record!r} is a directory; name the profile file to write")
+    why = unwritable(path)
+    if why is not None:  # found now, not after the whole run, when the profile could not be written
+        raise SettingsError(f"{RECORD}={s.record!r}: {path} {why}")
     rec = Recorder(path, samples=s.record_samples)
     rec.start()
     pid = os.getpid()

@@ -71,6 +71,18 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+def unwritable(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot become a file (``atomic_write_text`` makes its missing folders), or None: asked before
+    the work whose result it will hold, not after."""
+    p = Path(path)
+    if p.is_dir():
+        return "is a directory; name a file"
+    parent = next((q for q in p.resolve().parents if q.exists()), None)
+    if parent is not None and not parent.is_dir():
+        return f"cannot be written: {parent} is a file, not a folder"
+    return None
+
+
 def load(path: str | os.PathLike, what: str) -> Any:
     """Parse a YAML file; an unreadable or malformed file is a FormatError naming it."""
     try:

@@ -185,11 +185,16 @@ def test_a_process_that_made_no_call_leaves_the_recorded_profile_as_it_was(tmp_p
     assert site.calls == 1
 
 
-def test_a_record_path_that_is_a_directory_is_refused_when_the_pack_is_imported(tmp_path):
+@pytest.mark.parametrize("record, message", [
+    ("adir", "NKI_AUTOTUNE_RECORD='adir': adir is a directory"),
+    ("afile/p.yaml", "NKI_AUTOTUNE_RECORD='afile/p.yaml': afile/p.yaml cannot be written: "),
+])
+def test_a_record_path_that_cannot_be_a_file_is_refused_when_the_pack_is_imported(tmp_path, record, message):
     """Found at exit, after the whole run, the profile would be lost; at import the run has not started."""
     (tmp_path / "adir").mkdir()
-    env = {"NKI_AUTOTUNE_RECORD": "adir", "PATH": "/usr/bin:/bin"}
+    (tmp_path / "afile").write_text("")
+    env = {"NKI_AUTOTUNE_RECORD": record, "PATH": "/usr/bin:/bin"}
     r = subprocess.run([sys.executable, "-c", "import nki_autotune.kernels; open('ran', 'w')"], env=env,
                        cwd=tmp_path, capture_output=True, text=True)
-    assert r.returncode != 0 and "NKI_AUTOTUNE_RECORD='adir' is a directory" in r.stderr
+    assert r.returncode != 0 and message in r.stderr, r.stderr
     assert not (tmp_path / "ran").exists()
