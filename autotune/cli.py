@@ -315,6 +315,9 @@ def cmd_verify(args, console: Console) -> int:
         raise UsageError("--prune needs -o OUT, the table to write")
     if args.output and not args.prune:
         raise UsageError("-o OUT writes the pruned table: it needs --prune")
+    if args.prune and args.no_ablate:
+        raise UsageError("--prune sends back the entries that do not pay with each switched off alone: "
+                         "it needs the ablation that --no-ablate skips")
     for path, option in ((args.output, "-o"), (args.json, "--json")):
         if path:
             _writable(path, option)

@@ -125,6 +125,7 @@ def test_record_runs_a_command_and_writes_its_profile(tmp_path):
     (["record", "-o", "adir", "--", sys.executable, "-c", "open('ran', 'w')"], "-o adir is a directory"),
     (["run", "sampled.yaml", "-o", "t.yaml"], "garbage.pt cannot be read (UnpicklingError"),
     (["verify", "t.yaml", "s.py:f", "-o", "p.yaml"], "-o OUT writes the pruned table: it needs --prune"),
+    (["verify", "t.yaml", "s.py:f", "--prune", "-o", "p.yaml", "--no-ablate"], "it needs the ablation that --no-"),
     (["verify", "t.yaml", "s.py:f", "--json", "adir"], "--json adir is a directory"),
 ])
 def test_bad_input_exits_2_with_a_message(tmp_path, args, message):
