@@ -114,6 +114,9 @@ def resolve(op: Op, key: Key, devices: set[str], view: View) -> Explanation:
         cfg = _config_for(impl, key, config)
         if cfg is None:
             return compiler(f"{impl.qualname} has no config its constraint admits at this shape", **decided)
+        if config is None:
+            reason += ", default config" if cfg == impl.default else \
+                ", the first config its constraint admits at this shape (not the default)"
         cfg = {p: cfg[p] for p in impl.space}  # the order the custom op takes them in
         return Explanation(op.name, key, KERNEL, impl.name, cfg, reason, **decided)
 
@@ -137,7 +140,7 @@ def resolve(op: Op, key: Key, devices: set[str], view: View) -> Explanation:
                 return exp
         declined = []
         for impl in op.impls.values():
-            exp = kernel(impl, None, f"{var}=on, default config")
+            exp = kernel(impl, None, f"{var}=on")
             if exp.impl is not None:
                 return exp
             declined.append(exp.reason)
@@ -149,4 +152,4 @@ def resolve(op: Op, key: Key, devices: set[str], view: View) -> Explanation:
         raise SettingsError(f"{var}={value!r} is not allowed; use one of: {allowed}")
     if entry is not None and entry.impl == value:
         return kernel(impl, entry.config, f"{var}={value}, config from {named}", **where)
-    return kernel(impl, None, f"{var}={value}, default config")
+    return kernel(impl, None, f"{var}={value}")

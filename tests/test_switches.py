@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import nki_autotune.kernels as nk
-from nki_autotune.registry import Entry, SettingsError, explain, reload_settings, settings
+from nki_autotune.registry import Entry, SettingsError, explain, get_op, reload_settings, settings
 from nki_autotune.registry.env import read_settings
 
 from .conftest import rmsnorm_key
@@ -114,6 +114,11 @@ def test_on_uses_the_table_config_when_the_table_names_the_impl(switches, write_
     assert dict(exp.config) == {"threads": 1, "rows_per_task": 4}
     exp = explain("rmsnorm", *_xw(16, 64))  # no entry: the impl's default config
     assert exp.path == "kernel" and "default config" in exp.reason
+    impl = get_op("rmsnorm").impls["cpu_rows"]
+    exp = explain("rmsnorm", *_xw(1, 64))  # one row: the default's two threads have one task between them
+    assert not impl.allows(impl.default, exp.key) and impl.allows(dict(exp.config), exp.key)
+    assert exp.path == "kernel" and "the first config its constraint admits" in exp.reason, exp.reason
+    assert "default config" not in exp.reason
 
 
 def test_forced_impl_that_declines_takes_the_compiler_path(switches):
