@@ -88,8 +88,17 @@ def _flag(var: str, raw: str) -> bool:
     raise SettingsError(f"{var}={raw!r} is not allowed; use 1 (or true, yes, on) or 0 (or false, no, off)")
 
 
+VARIABLES = (KERNELS, TABLE, STRICT, RECORD, RECORD_SAMPLES, LOG)
+"""Every variable of DESIGN §4 but the per-op ``NKI_AUTOTUNE_KERNEL_<OP>``."""
+
+
 def read_settings(env: Mapping[str, str]) -> Settings:
-    """Parse the switches from ``env``; every bad value names its variable."""
+    """Parse the switches from ``env``; every bad value names its variable, and so does a misspelt name (which
+    would otherwise leave its switch at the default unnoticed)."""
+    for var in env:
+        if var.startswith(PREFIX) and var not in VARIABLES and not var.startswith(KERNEL_OP):
+            raise SettingsError(f"{var} is not a variable of nki-autotune; it reads {', '.join(VARIABLES)} and "
+                                f"{KERNEL_OP}<OP>")
     kernels = _mode(KERNELS, env[KERNELS], allow_impl=False) if env.get(KERNELS) else "auto"
     per_op = {}
     for var, raw in env.items():

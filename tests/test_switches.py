@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import nki_autotune.kernels as nk
-from nki_autotune.registry import Entry, SettingsError, explain, get_op, reload_settings, settings
+from nki_autotune.registry import Entry, SettingsError, explain, get_op, reload_settings, scope, settings
 from nki_autotune.registry.env import read_settings
 
 from .conftest import rmsnorm_key
@@ -45,6 +45,16 @@ def test_invalid_values_name_the_variable_and_the_allowed_values(var, raw):
         read_settings({var: raw})
     assert var in str(e.value) and repr(raw) in str(e.value)
     assert "auto" in str(e.value) or "use 1 (or true, yes, on) or 0 (or false, no, off)" in str(e.value)
+
+
+@pytest.mark.parametrize("var", ["NKI_AUTOTUNE_KERNAL", "NKI_AUTOTUNE_LGO", "NKI_AUTOTUNE_TABLES"])
+def test_a_misspelt_variable_is_named_not_ignored(var):
+    """Else its switch stays at the default: ``scope(NKI_AUTOTUNE_KERNAL="on")`` would run every kernel off."""
+    with pytest.raises(SettingsError, match=f"{var} is not a variable of nki-autotune; it reads NKI_AUTOTUNE_KERNELS"):
+        read_settings({var: "on"})
+    with pytest.raises(SettingsError, match=var), scope(**{var: "on"}):
+        pass
+    assert read_settings({"NKI_AUTOTUNE_KERNEL_RMSNORM": "off", "OTHER_TOOL_KERNAL": "on"}).per_op == {"rmsnorm": "off"}
 
 
 def test_unknown_impl_and_unknown_op_are_rejected_on_reload():
