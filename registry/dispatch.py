@@ -103,7 +103,16 @@ def explain(op: str | Op, *args: Any, **kwargs: Any) -> Explanation:
     """Which path ``op(*args, **kwargs)`` takes here, and why (the call is not run)."""
     op = get_op(op) if isinstance(op, str) else op
     names = list(op.tensors) + list(op.attrs)
+    if len(args) > len(names):
+        raise TypeError(f"explain({op.name!r}, ...): {op.name} takes {len(names)} arguments "
+                        f"({', '.join(names)}), got {len(args)}")
     bound = dict(zip(names, args))
+    for name in kwargs:
+        if name not in names:
+            raise TypeError(f"explain({op.name!r}, ...): {op.name} has no argument {name!r}; it takes "
+                            f"{', '.join(names)}")
+        if name in bound:
+            raise TypeError(f"explain({op.name!r}, ...): {name} given twice")
     bound.update(kwargs)
     missing = [n for n in op.tensors if n not in bound]
     if missing:

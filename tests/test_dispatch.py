@@ -244,3 +244,16 @@ def test_messages_name_an_entry_by_its_index_in_the_file_when_earlier_entries_ar
     assert "entries[3] is stale and ignored" in exp.reason, exp.reason
     exp = explain("rmsnorm", torch.randn(8, 64, dtype=torch.float64, requires_grad=True), w.double())
     assert "is entries[1], which differs in" in exp.reason, exp.reason
+
+
+@pytest.mark.parametrize("args, kwargs, message", [
+    ((1e-3, "junk"), {}, "rmsnorm takes 3 arguments (x, weight, eps), got 4"),
+    ((), {"epsilon": 1e-3}, "rmsnorm has no argument 'epsilon'; it takes x, weight, eps"),
+    ((1e-3,), {"eps": 1e-5}, "eps given twice"),
+])
+def test_explain_refuses_arguments_the_op_does_not_take(args, kwargs, message):
+    """As a call of the op would: an ignored ``epsilon=`` would explain the call with the default eps."""
+    x, w = torch.randn(8, 64), torch.randn(64)
+    with pytest.raises(TypeError, match=re.escape(message)):
+        explain("rmsnorm", x, w, *args, **kwargs)
+    assert explain("rmsnorm", x, w, eps=1e-3).key.attr_dict["eps"] == 1e-3
