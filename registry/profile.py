@@ -114,6 +114,9 @@ def _fail(e: FormatError) -> ProfileError:
 
 
 def parse_profile(data: Any, path: str, ops: Mapping[str, Op]) -> Profile:
+    if isinstance(data, dict) and "entries" in data and "sites" not in data:
+        raise ProfileError(f"{path}: a dispatch table (it has 'entries'), not a profile: give the profile that "
+                           "nki-autotune record wrote")
     try:
         top = Fields(data, path)
         top.unknown(("version", "sites"))

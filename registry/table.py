@@ -149,6 +149,9 @@ def parse_table(data: Any, path: str, ops: Mapping[str, Op] | None = None, unkno
     ``unknown_ops="skip"`` leaves out the entries of ops or impls not registered (yet), listing them in
     ``Table.skipped``: dispatch loads tables when the pack is imported, before a user's module registers its own
     ops and impls."""
+    if isinstance(data, dict) and "sites" in data and "entries" not in data:
+        raise TableError(f"{path}: a profile (it has 'sites'), not a dispatch table: nki-autotune run tunes it "
+                         "into one")
     try:
         top = Fields(data, path)
         top.unknown(_TOP)

@@ -106,7 +106,7 @@ def test_record_runs_a_command_and_writes_its_profile(tmp_path):
     (["run", "bad.yaml", "-o", "t.yaml"], "sites[0] (m.n): field 'op': unknown op 'layernorm'"),
     (["run", "good.yaml", "-o", "t.yaml", "--ops", "layernorm"], "--ops names unknown op(s) layernorm"),
     (["run", "good.yaml", "-o", "t.yaml", "--backend", "neuron"], "backend neuron is not available here"),
-    (["show", "bad.yaml"], "bad.yaml: field 'sites': unknown field"),
+    (["show", "bad.yaml"], "bad.yaml: a profile (it has 'sites'), not a dispatch table"),
     (["record", "-o", "p.yaml"], "record needs a command"),
     (["run", "good.yaml", "-o", "t.yaml", "--rounds", "0"], "argument --rounds: must be at least 3, got 0"),
     (["run", "good.yaml", "-o", "t.yaml", "--final-rounds", "1"], "argument --final-rounds: must be at least 3"),
@@ -125,6 +125,7 @@ def test_record_runs_a_command_and_writes_its_profile(tmp_path):
     (["record", "-o", "adir", "--", sys.executable, "-c", "open('ran', 'w')"], "-o adir is a directory"),
     (["run", "sampled.yaml", "-o", "t.yaml"], "garbage.pt cannot be read (UnpicklingError"),
     (["verify", "t.yaml", "s.py:f", "-o", "p.yaml"], "-o OUT writes the pruned table: it needs --prune"),
+    (["run", "table.yaml", "-o", "t.yaml"], "table.yaml: a dispatch table (it has 'entries'), not a profile"),
     (["verify", "t.yaml", "s.py:f", "--prune", "-o", "p.yaml", "--no-ablate"], "it needs the ablation that --no-"),
     (["verify", "t.yaml", "s.py:f", "--json", "adir"], "--json adir is a directory"),
 ])
@@ -135,6 +136,8 @@ def test_bad_input_exits_2_with_a_message(tmp_path, args, message):
     (tmp_path / "sampled.yaml").write_text(yaml.safe_dump({"version": 2, "sites": [{**GOOD, "samples": "garbage.pt"}]}))
     (tmp_path / "garbage.pt").write_text("not a tensor file")
     (tmp_path / "adir").mkdir()
+    (tmp_path / "table.yaml").write_text(yaml.safe_dump({"version": 2, "fingerprint": {"backend": "cpu"},
+                                                         "entries": []}))
     (tmp_path / "binary.yaml").write_bytes(b"version: 2\n\xff\xfe\x00entries: []\n")
     r = cli(*args, cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
