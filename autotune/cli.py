@@ -392,6 +392,11 @@ def cmd_selftest(args, console: Console) -> int:
 # -- entry point --------------------------------------------------------------------------------------------------
 
 
+MIN_ROUNDS = 6
+"""Rounds below which no interval of a median reaches 95%: with n rounds, the one between the smallest and the
+largest covers it with probability 1 - 2 / 2^n (97% at 6, 75% at 3), and a bootstrap claims more than that."""
+
+
 def _at_least(lo: float, kind: type = int) -> Callable[[str], float]:
     """An argparse type: a number of ``kind`` no smaller than ``lo`` (a bad one exits 2, naming the option)."""
     def parse(text: str) -> float:
@@ -446,7 +451,8 @@ def parser() -> argparse.ArgumentParser:
                    help="minimum median speedup to enable a kernel")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--rounds", type=_at_least(3), default=15, help="timed rounds per trial")
-    r.add_argument("--final-rounds", type=_at_least(3), default=40, help="timed rounds of the final comparison")
+    r.add_argument("--final-rounds", type=_at_least(MIN_ROUNDS), default=40,
+                   help=f"timed rounds of the final comparison (at least {MIN_ROUNDS}: see verify --rounds)")
     r.add_argument("--retries", type=_at_least(0), default=2,
                    help="times a key is measured again when the machine was disturbed while measuring it")
     r.add_argument("--pause", type=_at_least(0.0, float), default=5.0, help="seconds to wait before measuring again")
@@ -488,7 +494,9 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="time the full training step under a table, every kernel off and on")
     v.add_argument("table")
     v.add_argument("step", help="path/to/file.py:function or package.module:function returning a step callable")
-    v.add_argument("--rounds", type=_at_least(3), default=20, help="interleaved rounds of every variant")
+    v.add_argument("--rounds", type=_at_least(MIN_ROUNDS), default=20,
+                   help=f"interleaved rounds of every variant (at least {MIN_ROUNDS}: fewer rounds bound no median "
+                        "with 95%% confidence)")
     v.add_argument("--warmup", type=_at_least(0), default=3, help="untimed steps of each variant first")
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--tolerance", type=_positive, default=1e-3,

@@ -32,7 +32,7 @@ def tuned(tmp_path_factory):
         {**GOOD, "site": "m.b", "inputs": [{"shape": [4, 8], "dtype": "float64"}, {"shape": [8], "dtype": "float64"}]},
     ]}))
     out = d / "dispatch.yaml"
-    r = cli("run", str(prof), "-o", str(out), "--trials", "2", "--rounds", "3", "--final-rounds", "5",
+    r = cli("run", str(prof), "-o", str(out), "--trials", "2", "--rounds", "3", "--final-rounds", "6",
             "--storage", f"sqlite:///{d}/s.db")
     return d, prof, out, r
 
@@ -109,7 +109,7 @@ def test_record_runs_a_command_and_writes_its_profile(tmp_path):
     (["show", "bad.yaml"], "bad.yaml: a profile (it has 'sites'), not a dispatch table"),
     (["record", "-o", "p.yaml"], "record needs a command"),
     (["run", "good.yaml", "-o", "t.yaml", "--rounds", "0"], "argument --rounds: must be at least 3, got 0"),
-    (["run", "good.yaml", "-o", "t.yaml", "--final-rounds", "1"], "argument --final-rounds: must be at least 3"),
+    (["run", "good.yaml", "-o", "t.yaml", "--final-rounds", "5"], "argument --final-rounds: must be at least 6"),
     (["run", "good.yaml", "-o", "t.yaml", "--trials", "0"], "argument --trials: must be at least 1, got 0"),
     (["run", "good.yaml", "-o", "t.yaml", "--budget", "-5"], "argument --budget: must be at least 0.0, got -5"),
     (["run", "good.yaml", "-o", "t.yaml", "--trial-timeout", "0"], "argument --trial-timeout: must be above 0"),
@@ -120,7 +120,7 @@ def test_record_runs_a_command_and_writes_its_profile(tmp_path):
     (["show", "binary.yaml"], "binary.yaml: cannot read dispatch table: not UTF-8 text"),
     (["run", "good.yaml", "-o", "t.yaml", "--trials", "two"], "argument --trials: expected an integer, got 'two'"),
     (["run", "good.yaml", "-o", "t.yaml", "--storage", "bogus://x"], "--storage bogus://x: not a storage URL"),
-    (["verify", "t.yaml", "s.py:f", "--rounds", "1"], "argument --rounds: must be at least 3, got 1"),
+    (["verify", "t.yaml", "s.py:f", "--rounds", "5"], "argument --rounds: must be at least 6, got 5"),
     (["run", "good.yaml", "-o", "adir"], "-o adir is a directory; name a file"),
     (["record", "-o", "adir", "--", sys.executable, "-c", "open('ran', 'w')"], "-o adir is a directory"),
     (["run", "sampled.yaml", "-o", "t.yaml"], "garbage.pt cannot be read (UnpicklingError"),
@@ -281,7 +281,7 @@ def test_record_saves_samples_when_the_variable_asks_for_them(tmp_path):
 def test_verify_names_what_is_wrong_with_a_stale_table_or_a_step_that_is_not_one(tuned, tmp_path):
     d, _, out, _ = tuned
     (tmp_path / "s.py").write_text("def make_step():\n    return 3\n")
-    r = cli("verify", str(out), "s.py:make_step", "--rounds", "3", "--warmup", "0", cwd=tmp_path)
+    r = cli("verify", str(out), "s.py:make_step", "--rounds", "6", "--warmup", "0", cwd=tmp_path)
     assert r.returncode == 2 and "STEP returned int, not the callable" in r.stderr, r.stderr
     stale = yaml.safe_load(out.read_text())
     for e in stale["entries"]:
