@@ -149,9 +149,12 @@ def cmd_run(args, console: Console) -> int:
     elapsed = time.perf_counter() - t0
     console.print(report.summary(table, title=f"dispatch table {args.output}"))
     n_kernel = sum(e.impl is not None for e in table.entries)
+    cut = sum("budget exhausted" in e.reason for e in table.entries)
     console.print(f"wrote {args.output}: {len(table.entries)} entries, {n_kernel} kernel, "
                   f"{len(table.entries) - n_kernel} compiler, in {elapsed:.1f} s"
-                  + ("" if tuner.measured_anything else " (all results from storage, nothing measured)"))
+                  + ("" if tuner.measured_anything else " (all results from storage, nothing measured)")
+                  + (f"; the --budget ran out before {cut} of them were decided: run again to finish them (the "
+                     "studies resume)" if cut else ""))
     return 0
 
 

@@ -51,6 +51,15 @@ def test_run_writes_a_table_and_a_summary(tuned):
         [(e.impl, e.config) for e in table.entries]
 
 
+def test_a_run_cut_short_by_its_budget_says_so(tuned):
+    d, prof, _, _ = tuned
+    r = cli("run", str(prof), "-o", str(d / "cut.yaml"), "--budget", "0", "--storage", f"sqlite:///{d}/cut.db")
+    assert r.returncode == 0, r.stderr
+    assert "the --budget ran out before 1 of them were decided" in " ".join(r.stdout.split()), r.stdout
+    reasons = [e.reason for e in load_table(d / "cut.yaml", ops()).entries]
+    assert sum("budget exhausted before any trial ran" in x for x in reasons) == 1, reasons
+
+
 def test_show_and_diff(tuned):
     d, _, out, _ = tuned
     r = cli("show", str(out))
