@@ -365,8 +365,11 @@ def cmd_verify(args, console: Console) -> int:
     console.print(("[red]" if r.slower else "[green]") + r.verdict + "[/]")
     if r.ceiling and r.ceiling["speedup"]:
         c = r.ceiling
-        console.print(f"the table's call sites, measured apart, take {c['compiler_ms']:.1f} ms of the "
-                      f"{c['step_ms']:.1f} ms step under the compiler: a table can make this step about "
+        def ms(x: float) -> str:  # a tiny step's 0.04 ms is not 0.0
+            return f"{x:.1f}" if x >= 1 else f"{x:.2g}"
+
+        console.print(f"the table's call sites, measured apart, take {ms(c['compiler_ms'])} ms of the "
+                      f"{ms(c['step_ms'])} ms step under the compiler: a table can make this step about "
                       f"{c['speedup']:.3f}x faster at most")
     if not r.numerics_ok:
         console.print(f"[red]numerics: a variant's loss or gradients differ from every kernel off by more than "
