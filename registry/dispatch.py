@@ -81,6 +81,7 @@ def call(op: Op, tensors: tuple, attrs: tuple) -> Any:
     if torch.compiler.is_compiling():
         if symbolic(raw, attrs) or transformed():  # tables speak of static shapes; transforms: see transformed
             return op.reference(*tensors, *attrs)
+        switches.ready()
         generation = switches.guard.generation  # a plain attribute: the graph guards on it
     else:
         if transformed():  # never a kernel here, so no site of a profile either

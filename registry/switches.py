@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
+from torch.compiler import assume_constant_result
+
 from . import env as _s
 from .backend import backends
 from .op import Impl, ops, registered
@@ -69,9 +71,21 @@ def view(generation: int) -> View:
     return _by_generation[generation]
 
 
+@assume_constant_result
+def ready() -> bool:
+    """Brings the process's view up to date (new registrations, first use) before a trace reads ``guard``: run
+    at trace time, never traced, so the generation the graph guards on is the one its decisions used."""
+    current()
+    return True
+
+
 def _view(s: _s.Settings) -> View:
-    """A new view of ``s``: its tables loaded now, under a new generation."""
+    """The view of ``s`` with its tables loaded now: the generation of the same switches, tables and registered
+    ops, if one was made before (its graphs stay valid), else a new one."""
     tables = tuple(t for t in (load_checked(p, s) for p in s.tables) if t is not None)
+    old = _by_ident.get(s.ident())
+    if old is not None and old.ops == registered() and old.tables == tables:
+        return old if old.settings == s else replace(old, settings=s)  # other settings (logging): same generation
     v = View(s, tables, max(_by_generation, default=0) + 1, registered())
     _by_generation[v.generation] = v
     _by_ident[s.ident()] = v
@@ -164,8 +178,9 @@ def _complain(s: _s.Settings, msg: str, strict_because: str = f"{_s.STRICT}=1") 
 def reload_settings(env: Mapping[str, str] | None = None) -> _s.Settings:
     """Read the switches again (from ``env``, default ``os.environ``) and reload the tables they name.
 
-    Compiled regions see the change at their next call: they guard on the generation in force. A bad value
-    or table raises and changes nothing.
+    Compiled regions see the change at their next call: they guard on the generation in force, which is the
+    earlier one where the switches, the tables' contents and the registered ops are all as they were then (their
+    graphs are reused). A bad value or table raises and changes nothing.
     """
     global _process, _process_settings
     new = _s.read_settings(os.environ if env is None else env)

@@ -200,3 +200,42 @@ def test_a_symbolic_segment_count_takes_the_compiler_path_without_a_recompile(sw
         assert rel_err(fn(src, idx, table), ref) < 1e-6
     assert counters["graph_break"] == {} and len(graphs.forward) == 1
     assert not any("nki_autotune" in t for t in targets(graphs.forward[0]))
+
+
+def test_reloaded_switches_find_their_graphs_again(switches, write_table):
+    """reload_settings() with switches, tables and ops as before is the generation of before: toggling kernels
+    by environment and reload compiles one graph per setting (not one per reload, up to Dynamo's limit)."""
+    table = _table(write_table)
+    graphs = Graphs()
+    fn = torch.compile(block, backend=graphs, fullgraph=True, dynamic=False)
+    for i in range(10):
+        switches(NKI_AUTOTUNE_TABLE=table, NKI_AUTOTUNE_KERNELS=("auto", "off")[i % 2])
+        _run(fn, KERNEL_AT, steps=1)
+    assert len(graphs.dynamo) == 2
+    assert [FWD in targets(g) for g in graphs.forward] == [True, False]
+
+
+def test_a_table_rewritten_in_place_is_read_again_by_reload(switches, write_table):
+    table = _table(write_table)
+    switches(NKI_AUTOTUNE_TABLE=table)
+    fn = torch.compile(block, backend=(graphs := Graphs()), fullgraph=True, dynamic=False)
+    _run(fn, KERNEL_AT, steps=1)
+    write_table([Entry(rmsnorm_key(KERNEL_AT), None, reason="slower")])  # same path, other decision
+    switches(NKI_AUTOTUNE_TABLE=table)
+    _run(fn, KERNEL_AT, steps=1)
+    assert [FWD in targets(g) for g in graphs.forward] == [True, False]
+
+
+def test_the_first_decision_of_the_process_may_be_made_while_tracing(switches, write_table, monkeypatch):
+    """A module that registers its own op (importing only the registry) may meet its first call inside a compiled
+    function: the process's view is built then, and the graph guards on that view's generation, not on the
+    'none yet' the trace would otherwise have read before building it."""
+    from nki_autotune.registry import switches as sw
+
+    switches(NKI_AUTOTUNE_TABLE=_table(write_table))
+    monkeypatch.setattr(sw, "_process", None)  # as at import: no view built yet, no generation set
+    monkeypatch.delattr(sw.guard, "generation")
+    graphs = Graphs()
+    fn = torch.compile(block, backend=graphs, fullgraph=True, dynamic=False)
+    _run(fn, KERNEL_AT, steps=3)
+    assert len(graphs.dynamo) == 1 and FWD in targets(graphs.forward[0])
