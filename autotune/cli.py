@@ -28,6 +28,7 @@ from ..registry.backend import dist_version
 from ..registry.env import KERNEL_OP, KERNELS, LOG, RECORD, RECORD_SAMPLES, STRICT, TABLE, read_settings
 from ..registry.profile import merge
 from ..registry.yamlio import atomic_write_text, unwritable
+from ..registry.yamlio import load as load_yaml
 from . import report
 
 
@@ -242,35 +243,69 @@ def cmd_record(args, console: Console) -> int:
     out = Path(args.output).resolve()
     given = [load_profile(p, registry.ops()) for p in args.merge or ()]
     if command:
-        # the profiles of an earlier recording are set aside, so that only this run's are merged, and put back
-        # if this run writes none
-        earlier = {p: p.read_text() for p in [out, *out.parent.glob(f"{out.stem}.rank*{out.suffix}")] if p.exists()}
-        for p in earlier:
-            p.unlink()
-        samples = args.samples or read_settings(os.environ).record_samples  # --samples, or the variable
-        env = {**os.environ, RECORD: str(out), RECORD_SAMPLES: "1" if samples else "0"}
-        console.print(f"recording {' '.join(command)} -> {args.output}")
-        rc = subprocess.run(command, env=env).returncode
-        ranks = sorted(out.parent.glob(f"{out.stem}.rank*{out.suffix}"))
-        written = ([out] if out.exists() else []) + ranks
-        if rc != 0 or not written:
-            for p in written:
-                p.unlink()
-            for p, data in earlier.items():
-                atomic_write_text(p, data)
-            kept = f"; {args.output} is left as it was" if out in earlier else ""
-            console.print(f"[red]the command exited with code {rc}{kept}[/]" if rc != 0 else
-                          "[red]no profile was written: the command made no call of a pack op (does it import "
-                          f"nki_autotune.kernels?){kept}[/]")
+        recorded = _record_run(command, out, args, registry, console)
+        if recorded is None:
             return 1
-        given += [load_profile(p, registry.ops()) for p in written]
-        if ranks:
-            console.print(f"merging the profiles of {len(ranks)} ranks: {', '.join(p.name for p in ranks)}")
+        given += recorded
     profile = given[0] if len(given) == 1 and not args.merge else merge(given, out)
     profile.save(out)
     console.print(f"wrote {args.output}: {len(profile.sites)} call sites, "
                   f"{len(profile.keys(registry.ops()))} unique keys")
     return 0
+
+
+def _ops_named(path: Path) -> set[str]:
+    """The ops a profile's sites name, read as plain data (they need not be registered here)."""
+    data = load_yaml(path, "profile")
+    sites = data.get("sites") if isinstance(data, dict) else None
+    return {str(s.get("op")) for s in sites or () if isinstance(s, dict)}
+
+
+def _record_run(command: list[str], out: Path, args, registry, console: Console) -> list | None:
+    """Run ``command`` recording into ``out`` (and its ranks' files); their profiles, None if it wrote none.
+    The profiles of an earlier
+    recording are set aside, so that only this run's are merged, and put back if this run writes none: the
+    command failed, could not start, or was interrupted."""
+    earlier = {p: p.read_text() for p in [out, *out.parent.glob(f"{out.stem}.rank*{out.suffix}")] if p.exists()}
+    for p in earlier:
+        p.unlink()
+    kept = f"; {args.output} is left as it was" if out in earlier else ""
+    done = False
+    try:
+        samples = args.samples or read_settings(os.environ).record_samples  # --samples, or the variable
+        env = {**os.environ, RECORD: str(out), RECORD_SAMPLES: "1" if samples else "0"}
+        console.print(f"recording {' '.join(command)} -> {args.output}")
+        try:
+            rc = subprocess.run(command, env=env).returncode
+        except OSError as e:  # no such program, not executable
+            raise UsageError(f"cannot run {command[0]!r}: {e.strerror or e}{kept}") from None
+        ranks = sorted(out.parent.glob(f"{out.stem}.rank*{out.suffix}"))
+        written = ([out] if out.exists() else []) + ranks
+        if rc != 0 or not written:
+            console.print(f"[red]the command exited with code {rc}{kept}[/]" if rc != 0 else
+                          "[red]no profile was written: the command made no call of a pack op (does it import "
+                          f"nki_autotune.kernels?){kept}[/]")
+            return None
+        unknown = sorted(set().union(*map(_ops_named, written)) - set(registry.ops()))
+        if unknown:  # the command registered ops of its own: this process needs their module to read them
+            done = True  # this run's profiles are kept as written: run and record --merge read them with --import
+            raise UsageError(
+                f"the command recorded calls of {', '.join(unknown)}, which no module imported here registers: "
+                f"pass the module that registers {'it' if len(unknown) == 1 else 'them'} with --import MODULE (to "
+                f"record and to run); this run's profiles are left as written: "
+                f"{', '.join(str(p) for p in written)}")
+        profiles = [load_profile(p, registry.ops()) for p in written]
+        if ranks:
+            console.print(f"merging the profiles of {len(ranks)} ranks: {', '.join(p.name for p in ranks)}")
+        done = True
+        return profiles
+    finally:
+        if not done:
+            for p in [out, *out.parent.glob(f"{out.stem}.rank*{out.suffix}")]:
+                if p.exists() and p not in earlier:
+                    p.unlink()
+            for p, data in earlier.items():
+                atomic_write_text(p, data)
 
 
 # -- check ------------------------------------------------------------------------------------------------------

@@ -108,6 +108,35 @@ def test_record_runs_a_command_and_writes_its_profile(tmp_path):
         r = cli("record", "-o", str(tmp_path / "p.yaml"), "--", sys.executable, "-c", command)
         assert r.returncode == 1 and "p.yaml is left as it was" in r.stdout.replace("\n", "")
         assert (tmp_path / "p.yaml").read_text() == before
+    r = cli("record", "-o", str(tmp_path / "p.yaml"), "--", str(tmp_path / "no-such-program"))
+    assert r.returncode == 2 and "cannot run" in r.stderr and "p.yaml is left as it was" in r.stderr
+    assert (tmp_path / "p.yaml").read_text() == before
+
+
+TWICE = """
+import torch
+from nki_autotune.registry import Op, call, register_op
+
+TWICE = register_op(Op(name="twice", reference=lambda x: 2 * x, tensors=("x",), differentiable=("x",),
+                       make_inputs=lambda key, gen, samples=None: (torch.randn(key.inputs[0].shape, generator=gen),)))
+
+
+def twice(x):
+    return call(TWICE, (x,), ())
+"""
+
+
+def test_record_of_a_program_with_its_own_ops_names_import(tmp_path):
+    """A program that registers an op of its own records it; record itself needs that module (--import) to read
+    the profile, says so, and keeps what the run wrote."""
+    (tmp_path / "twice.py").write_text(TWICE)
+    (tmp_path / "train.py").write_text("import torch, twice\ntwice.twice(torch.randn(3, 5))\n")
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, (str(tmp_path), os.environ.get("PYTHONPATH"))))}
+    r = cli("record", "-o", "p.yaml", "--", sys.executable, "train.py", cwd=tmp_path, env=env)
+    assert r.returncode == 2 and "calls of twice" in r.stderr and "--import MODULE" in r.stderr
+    assert "twice" in (tmp_path / "p.yaml").read_text()
+    r = cli("record", "-o", "p.yaml", "--import", "twice", "--", sys.executable, "train.py", cwd=tmp_path, env=env)
+    assert r.returncode == 0 and "1 call sites" in r.stdout, r.stderr
 
 
 @pytest.mark.parametrize("args, message", [
