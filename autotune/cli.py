@@ -146,11 +146,17 @@ def cmd_run(args, console: Console) -> int:
             raise
         finally:
             bench.close()
-    table.save(args.output)
     elapsed = time.perf_counter() - t0
+    cut = sum("budget exhausted" in e.reason for e in table.entries)
+    if cut and Path(args.output).exists():  # a cut run, like an interrupted one, keeps the table it would replace
+        console.print(report.summary(table, title="this run's table (not written)"))
+        console.print(f"[red]the --budget ran out before {cut} of {len(table.entries)} entries were decided; "
+                      f"{args.output} is left as it was: run again to finish them (the studies resume), or write "
+                      f"to a new file with -o[/]")
+        return 1
+    table.save(args.output)
     console.print(report.summary(table, title=f"dispatch table {args.output}"))
     n_kernel = sum(e.impl is not None for e in table.entries)
-    cut = sum("budget exhausted" in e.reason for e in table.entries)
     console.print(f"wrote {args.output}: {len(table.entries)} entries, {n_kernel} kernel, "
                   f"{len(table.entries) - n_kernel} compiler, in {elapsed:.1f} s"
                   + ("" if tuner.measured_anything else " (all results from storage, nothing measured)")

@@ -58,6 +58,11 @@ def test_a_run_cut_short_by_its_budget_says_so(tuned):
     assert "the --budget ran out before 1 of them were decided" in " ".join(r.stdout.split()), r.stdout
     reasons = [e.reason for e in load_table(d / "cut.yaml", ops()).entries]
     assert sum("budget exhausted before any trial ran" in x for x in reasons) == 1, reasons
+    # over a finished table, a cut run writes nothing: the table it would replace is kept, as on an interrupt
+    before = tuned[2].read_text()
+    r = cli("run", str(prof), "-o", str(tuned[2]), "--budget", "0", "--storage", f"sqlite:///{d}/cut2.db")
+    assert r.returncode == 1 and "dispatch.yaml is left as it was" in " ".join(r.stdout.split()), r.stdout
+    assert tuned[2].read_text() == before
 
 
 def test_show_and_diff(tuned):
