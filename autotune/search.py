@@ -172,6 +172,9 @@ class Search:
         """Storages without heartbeats: a trial RUNNING longer than this belongs to a dead worker."""
         self.stamp_s = min(HEARTBEAT_S, lease_s / 4)
         """How often a worker stamps the trial it runs (storages without heartbeats)."""
+        self.began = datetime.now()
+        """When this run began (Optuna's local time): a final comparison completed since, by any worker, is this
+        run's, so concurrent workers take the same one rather than each measuring a disturbed one again."""
 
     def study_name(self, key: Key, impl: Impl) -> str:
         return f"{key.op}:{digest(key)}:{impl.name}:src-{impl.source_hash}:fp-{self.fp}"
@@ -350,24 +353,18 @@ class Search:
               stop: Callable[[], bool] = lambda: False) -> dict[str, Any] | None:
         """The stored final comparison of ``config``, measured here if no worker has; None while another
         worker is measuring it (or when ``stop`` ended the wait with none stored). One measured on a disturbed
-        machine is measured again, once per run: its result stands only if this run measured it too, or if
-        ``stop`` leaves no time to measure it again."""
+        machine is measured again, once per run: its result stands only if it was measured during this run (here
+        or by a concurrent worker), or if ``stop`` leaves no time to measure it again."""
         study = self.study(key, impl)
         cid = _config_id(config)
-        here: list[bool] = []
-        measure = work[FINAL]
-
-        def measured_here(cfg: dict[str, int]) -> TrialResult:
-            here.append(True)
-            return measure(cfg)
-
         for _ in range(20):
             trials = self._trials(study)
             mine = sorted((t for t in trials if _kind(t) == FINAL and _config_id(t.user_attrs.get("config") or {})
                            == cid), key=lambda t: t.number)
             done = [t for t in mine if _measured(t)]
             quiet = [t for t in done if not _disturbed(t)]
-            if quiet or (done and (here or stop())):
+            recent = any(t.datetime_complete is not None and t.datetime_complete >= self.began for t in done)
+            if quiet or (done and (recent or stop())):
                 return dict((quiet or done)[-1 if not quiet else 0].user_attrs["info"]["measured"])
             if stop():
                 return None
@@ -376,5 +373,5 @@ class Search:
                 return None
             if not any(t.state == TrialState.WAITING for t in mine):
                 self._enqueue(study, impl, key, config, FINAL)
-            self._claim(study, key, impl, {**work, FINAL: measured_here}, lambda r: None)
+            self._claim(study, key, impl, work, lambda r: None)
         return None

@@ -136,6 +136,21 @@ def test_a_machine_that_stays_disturbed_keeps_the_compiler_and_says_so(tmp_path)
     assert "other processes used 1.50 cores" in e.measured["calibration"]["disturbed"]
 
 
+def test_a_disturbed_final_of_a_concurrent_worker_stands_and_the_next_run_measures_it_again(tmp_path):
+    """Workers running at once take the same stored final comparison, disturbed or not, and so write the same
+    table; a run that begins after it was measured measures a disturbed one again."""
+    db = f"sqlite:///{tmp_path}/shared.db"
+    concurrent = tuner(tmp_path, clock := FakeClock(fast_when()), storage=db)  # began before the other measured
+    first = tuner(tmp_path, FakeClock(fast_when()), meter=QuietMeter(busy=[1.5] * 100), storage=db)
+    (e,) = first.tune(Profile([site()])).entries
+    assert "disturbed" in e.measured["calibration"]
+    (same,) = concurrent.tune(Profile([site()])).entries
+    assert clock.calls == 0 and same.measured == e.measured and same.impl == e.impl
+    later = tuner(tmp_path, clock := FakeClock(fast_when()), storage=db)
+    (again,) = later.tune(Profile([site()])).entries
+    assert clock.calls > 0 and "disturbed" not in again.measured["calibration"] and again.impl == "cpu_rows"
+
+
 def test_calibration_drift_is_a_disturbance():
     clock = FakeClock(None, calibration_us=1000.0)
     cal = Calibration(EagerCpu(), clock, QuietMeter())
