@@ -1,7 +1,11 @@
 """Recording a profile of a real run: every call of a pack op, by call site.
 
 A site is labelled by the innermost ``nn.Module`` running (its qualified name in the
-outermost one), else by the caller's file:line. While recording, ``torch.compile``
+outermost one), else by the file:line that called the op's function (the first frame outside
+nki_autotune and outside the module defining the op's reference, where a wrapper like the README's
+``axpy`` lives). A step is one call of the outermost module, or one ``Recorder.step()`` where the
+program marks them; a program that calls ops outside any module and marks no steps takes the fewest
+calls of any site as its number of steps. While recording, ``torch.compile``
 regions run eagerly (``set_stance("force_eager")``) so that every call is seen
 with its module; shapes, dtypes, layouts and call counts are those of the compiled run.
 Each call's inputs are recorded through ``callkey.key_of_call``, the rule dispatch uses.
@@ -70,7 +74,9 @@ class Recorder:
         global _active
         from torch.nn.modules import module as m
 
-        self._hooks = [m.register_module_forward_pre_hook(self._pre), m.register_module_forward_hook(self._post)]
+        # always_call: a forward that raises (gradient checkpointing stops its recomputation so) leaves the stack
+        self._hooks = [m.register_module_forward_pre_hook(self._pre),
+                       m.register_module_forward_hook(self._post, always_call=True)]
         # torch warns that global hooks also fire for the torch.compile wrapper; the stack above allows for it.
         warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
         self._stance = torch.compiler.set_stance("force_eager")
@@ -93,26 +99,30 @@ class Recorder:
         """Mark the end of one training step (otherwise steps are counted as calls of the outermost module)."""
         self.explicit_steps += 1
 
-    def _site(self) -> str:
+    def _site(self, op: Op) -> str:
         if self._stack:
             return self._names.get(id(self._stack[-1]), type(self._stack[-1]).__name__)
         frame = sys._getframe(2)
         while frame is not None and frame.f_globals.get("__name__", "").startswith("nki_autotune."):
             frame = frame.f_back
+        home, outside = getattr(op.reference, "__module__", None), frame
+        while home != "__main__" and outside is not None and outside.f_globals.get("__name__") == home:
+            outside = outside.f_back
+        frame = outside or frame
         if frame is None:
             return "unknown"
         return f"{os.path.relpath(frame.f_code.co_filename)}:{frame.f_lineno}"
 
     def log(self, op: Op, tensors: tuple, raw: tuple, attrs: tuple, grad_enabled: bool) -> None:
         key = key_of_call(op, raw, op.attr_dict(attrs), grad_enabled)
-        k = (op.name, self._site(), key.inputs, attrs)
+        k = (op.name, self._site(op), key.inputs, attrs)
         self.counts[k] += 1
         if self.samples and op.data_dependent and k not in self.captured:
             self.captured[k] = {n: t.detach().cpu().clone() for n, t in zip(op.tensors, tensors)}
 
     # -- output -------------------------------------------------------------------------------------------
     def profile(self) -> Profile:
-        steps = self.explicit_steps or max(self.root_calls.values(), default=1)
+        steps = self.explicit_steps or max(self.root_calls.values(), default=0) or min(self.counts.values(), default=1)
         sites, sample_dir = [], self.path.parent / (self.path.stem + ".samples")
         for i, ((name, label, specs, attrs), n) in enumerate(self.counts.items()):
             site = Site(name, specs, get_op(name).attr_dict(attrs), label, max(1, round(n / steps)))

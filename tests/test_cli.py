@@ -142,6 +142,7 @@ def test_record_of_a_program_with_its_own_ops_names_import(tmp_path):
     assert "twice" in (tmp_path / "p.yaml").read_text()
     r = cli("record", "-o", "p.yaml", "--import", "twice", "--", sys.executable, "train.py", cwd=tmp_path, env=env)
     assert r.returncode == 0 and "1 call sites" in r.stdout, r.stderr
+    assert [s["site"] for s in yaml.safe_load((tmp_path / "p.yaml").read_text())["sites"]] == ["train.py:2"]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -17,6 +17,7 @@ from torch._dynamo.utils import counters
 
 transformers = pytest.importorskip("transformers")
 
+import nki_autotune.kernels as nk  # noqa: E402
 from nki_autotune.kernels import hf  # noqa: E402
 from nki_autotune.registry import Entry, get_op, load_profile, ops, record, scope  # noqa: E402
 
@@ -356,3 +357,24 @@ def test_the_example_step_factory_is_reproducible():
     second = [b() for _ in range(2)]
     assert all(x.dim() == 0 and not x.requires_grad for x in first)
     assert torch.equal(torch.stack(first), torch.stack(second)) and torch.isfinite(first[0])
+
+
+def test_recording_under_gradient_checkpointing_counts_the_recomputation_and_keeps_the_stack(tmp_path):
+    """Checkpointing stops each layer's recomputation early with an exception: the recorder's module stack still
+    unwinds, so steps stay calls of the model and a call after it is labelled where it is made."""
+    model = build("llama")
+    hf.patch(model, cross_entropy=False)
+    model.train()
+    model.gradient_checkpointing_enable()
+    with record(tmp_path / "p.yaml"):
+        for step in range(3):
+            inputs = batch(step)
+            logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
+            targets = inputs["labels"][:, 1:].reshape(-1)
+            loss = nk.cross_entropy(logits[:, :-1].reshape(-1, TINY["vocab_size"]), targets)
+            loss.backward()
+    calls = {s.site: s.calls for s in load_profile(tmp_path / "p.yaml", ops()).sites}
+    loose = [s for s in calls if "test_hf.py:" in s]
+    assert len(loose) == 1 and calls[loose[0]] == 1, calls  # the loss, at its line: no module's name
+    assert calls["model.embed_tokens"] == calls["model.norm"] == 1
+    assert calls["model.layers.0.input_layernorm"] == calls["model.layers.1.mlp"] == 2  # forward and recomputation
