@@ -378,3 +378,35 @@ def test_recording_under_gradient_checkpointing_counts_the_recomputation_and_kee
     assert len(loose) == 1 and calls[loose[0]] == 1, calls  # the loss, at its line: no module's name
     assert calls["model.embed_tokens"] == calls["model.norm"] == 1
     assert calls["model.layers.0.input_layernorm"] == calls["model.layers.1.mlp"] == 2  # forward and recomputation
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "torch.save"])
+def test_a_copy_of_a_patched_model_is_patched_and_routes_its_rotary_embedding(how, monkeypatch):
+    """A deep copy, or a model saved whole and loaded, runs the pack as the original does, and keeps its own
+    attention routed after the original is unpatched and collected."""
+    import io
+
+    from nki_autotune.kernels.hf import rope as hf_rope
+
+    model = build("llama")
+    hf.patch(model)
+    if how == "deepcopy":
+        twin = copy.deepcopy(model)
+    else:
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        buf.seek(0)
+        twin = torch.load(buf, weights_only=False)
+    assert hf.sites(twin) == hf.sites(model)
+    inputs = batch(3)
+    with scope(NKI_AUTOTUNE_KERNELS="on"):
+        want = run(model, inputs)
+        hf.unpatch(model)
+        del model
+        gc.collect()
+        calls = []
+        real = hf_rope.rope
+        monkeypatch.setattr(hf_rope, "rope", lambda *a: calls.append(1) or real(*a))
+        got = run(twin, inputs)
+    assert len(calls) == 2  # both attentions of the copy
+    assert torch.equal(got[1], want[1]) and all(torch.equal(got[2][n], want[2][n]) for n in want[2])

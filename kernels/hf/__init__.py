@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from types import MethodType
+from functools import partial
 
 from torch import nn
 
@@ -54,7 +54,9 @@ def patch(model: nn.Module, *, rmsnorm: bool = True, swiglu: bool = True, rope: 
             continue
         if op == "rope":
             _rope.route(family.modeling, module)
-        module.forward = MethodType(_FORWARD[op], module)
+            module.forward = _rope.RoutedForward(_FORWARD[op], module)
+        else:  # a partial, not a bound method: a patched model pickles and copies (a method pickles by its name)
+            module.forward = partial(_FORWARD[op], module)
     return {op: len(names) for op, names in sites(model).items()}
 
 
@@ -85,7 +87,8 @@ def _patched_op(module: nn.Module) -> str | None:
     if module.__dict__.get("_loss_function") is causal_lm_loss:
         return "cross_entropy"
     fwd = module.__dict__.get("forward")
-    return _OP_OF.get(getattr(fwd, "__func__", None)) if isinstance(fwd, MethodType) else None
+    bound = isinstance(fwd, partial) and fwd.args[:1] and fwd.args[0] is module
+    return _OP_OF.get(fwd.func) if bound else None
 
 
 def _check(name: str, module: nn.Module, op: str, family: Family) -> None:

@@ -16,6 +16,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable
+from functools import partial
 from types import ModuleType
 
 import torch
@@ -48,6 +49,16 @@ def attention_forward(self, *args, **kwargs):
         return type(self).forward(self, *args, **kwargs)
     finally:
         _inside.patched_attention = outer
+
+
+class RoutedForward(partial):
+    """``attention_forward`` bound to one attention module. A copy of a patched model (``copy.deepcopy``, or
+    unpickled) gets its own, which routes the copy's attention as ``patch`` routes the original's."""
+
+    def __setstate__(self, state: tuple) -> None:
+        super().__setstate__(state)
+        attention = self.args[0]
+        route(sys.modules[type(attention).__module__], attention)
 
 
 def _router(original: Callable) -> Callable:
