@@ -157,7 +157,10 @@ class NeuronBackend:
         return _probe() is None
 
     def synchronize(self) -> None:
-        torchneuron("synchronize")()
+        sync = torchneuron("synchronize")
+        if sync is None:
+            raise RuntimeError(f"backend neuron is not available here: {self.why_unavailable()}")
+        sync()
 
     def compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         return torch.compile(fn, backend="neuron", fullgraph=True, dynamic=False)

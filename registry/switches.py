@@ -157,7 +157,12 @@ def load_checked(path: str, s: _s.Settings, strict_because: str = f"{_s.STRICT}=
         impl = entry_impl(e)
         reason = stale_reason(e, impl.module) if impl is not None else None
         if reason is None and e.impl is not None:
-            reason = config_problem(e, ops()[e.key.op].impls[e.impl])
+            chosen = ops()[e.key.op].impls[e.impl]
+            if chosen.backend != table.fingerprint["backend"]:
+                reason = (f"it names {chosen.qualname}, a kernel of backend {chosen.backend}, in a table tuned on "
+                          f"backend {table.fingerprint['backend']}")
+            else:
+                reason = config_problem(e, chosen)
         if reason is not None:
             table.stale[i] = reason
     if table.stale:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -39,6 +40,8 @@ def test_neuron_backend_says_why_where_it_is_unavailable():
         pytest.skip("the neuron backend is available on this host (nki-autotune selftest checks it)")
     reason = neuron.why_unavailable()
     assert isinstance(reason, str) and len(reason) > 20 and reason[0].islower()
+    with pytest.raises(RuntimeError, match=re.escape(f"backend neuron is not available here: {reason}")):
+        neuron.synchronize()
 
 
 def test_console_script_prints_version_and_help():

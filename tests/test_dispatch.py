@@ -133,6 +133,19 @@ def test_a_stale_entry_does_not_hide_a_later_tables_valid_one(switches, write_ta
     assert exp.path == "compiler" and "is stale and ignored" in exp.reason, exp.reason
 
 
+def test_an_entry_naming_another_backends_kernel_is_ignored(switches, write_table):
+    """A cpu table whose entry names an NKI kernel (edited by hand, or merged from elsewhere) would never run that
+    kernel here: verify would credit it with savings it cannot make. It is stale, with the reason."""
+    nki = get_op("rmsnorm").impls["nki_tiled"]
+    entry = Entry(rmsnorm_key((8, 64)), "nki_tiled", dict(nki.default), reason="faster", source=nki.source_hash,
+                  module=nki.module)
+    why = "it names rmsnorm.nki_tiled, a kernel of backend neuron, in a table tuned on backend cpu"
+    with pytest.warns(UserWarning, match=f"ignoring 1 stale entry.*{re.escape(why)}"):
+        switches(NKI_AUTOTUNE_TABLE=write_table([entry]))
+    with pytest.raises(TableError, match=re.escape(why)):
+        switches(NKI_AUTOTUNE_TABLE=write_table([entry], name="strict.yaml"), NKI_AUTOTUNE_STRICT="1")
+
+
 @pytest.mark.parametrize("config, why", [
     ({"threads": 0, "rows_per_task": 4}, "its config threads=0 is not a value rmsnorm.cpu_rows takes here"),
     ({"threads": 1, "rows_per_task": 3}, "its config rows_per_task=3 is not a value rmsnorm.cpu_rows takes here"),
