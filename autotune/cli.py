@@ -411,7 +411,10 @@ def cmd_verify(args, console: Console) -> int:
 
         console.print(f"the table's call sites, measured apart, take {ms(c['compiler_ms'])} ms of the "
                       f"{ms(c['step_ms'])} ms step under the compiler: a table can make this step about "
-                      f"{c['speedup']:.3f}x faster at most")
+                      f"{c['speedup']:.3f}x faster at most"
+                      + ("; the table measured faster than that, so in this step its call sites cost more than "
+                         "they did measured apart (memory the step's other work faults in or evicts, or a machine "
+                         "busy while the tuner measured): the bound does not hold here" if c["exceeded"] else ""))
     if not r.numerics_ok:
         console.print(f"[red]numerics: a variant's loss or gradients differ from every kernel off by more than "
                       f"{args.tolerance:g}[/] (is STEP deterministic: same seeds, same data each call?)")

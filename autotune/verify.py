@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import random
 import sys
 import tempfile
@@ -61,6 +62,13 @@ def load_step(spec: str) -> Callable[[], Callable[[], Any]]:
     if not callable(fn):
         found = ", ".join(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
         raise StepError(f"STEP {spec!r}: {target} has no function {name!r} (it has: {found or 'none'})")
+    try:
+        inspect.signature(fn).bind()
+    except TypeError:
+        raise StepError(f"STEP {spec!r}: {name}{inspect.signature(fn)} needs arguments; verify calls it with none "
+                        "(make_step() -> step)") from None
+    except ValueError:  # no signature to read (a builtin): calling it will tell
+        pass
     return fn
 
 
@@ -113,7 +121,8 @@ class Report:
     numerics_ok: bool
     ceiling: dict[str, Any] | None = None
     """What the table's call sites cost under the compiler (each measured apart) and the speedup of a step whose
-    kernels took no time at all: about the most any table can give this step."""
+    kernels took no time at all: about the most any table can give this step (``exceeded``: the step measured
+    faster than that, so the sites cost more in the step than apart)."""
 
     def as_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("table", "variants", "speedups", "numerics", "entries", "verdict",
@@ -186,6 +195,9 @@ class Verifier:
         for v in variants[3:]:
             v.step = variants[0].step  # ablations share the table's instance (its graphs differ by one op)
         ref = first["off"]
+        if ref.get("loss") is None and "grads" not in ref:
+            raise StepError("STEP's step returned no loss (a one-element tensor or a number) and took no optimizer "
+                            "step, so the variants' numerics cannot be compared: make step() return the loss")
         for name in ("table", "on"):
             got = first[name]
             row: dict[str, Any] = {}
@@ -243,8 +255,10 @@ class Verifier:
             verdict = f"the table is not shown faster or slower than every kernel off: {t['speedup']:.3f}x " \
                       f"(95% CI {t['ci95'][0]:.3f}-{t['ci95'][1]:.3f})"
         numerics_ok = all(r.get("ok", False) for r in numerics.values())
-        return Report(self.path, out, speedups, numerics, entries, verdict, slower, numerics_ok,
-                      ceiling(self.table, out["off"]["ms_per_step"]))
+        bound = ceiling(self.table, out["off"]["ms_per_step"])
+        if bound is not None:
+            bound["exceeded"] = bound["speedup"] is None or t["ci95"][0] > bound["speedup"]
+        return Report(self.path, out, speedups, numerics, entries, verdict, slower, numerics_ok, bound)
 
     def pruned(self, report: Report) -> Table:
         """The table with every entry whose realized saving is not positive sent back to the compiler."""

@@ -36,6 +36,18 @@ def test_load_step_names_what_is_wrong(tmp_path):
             load_step(spec)
 
 
+def test_a_step_maker_that_needs_arguments_or_a_step_that_gives_nothing_to_compare_is_refused(tmp_path):
+    (tmp_path / "s.py").write_text(
+        "import torch\n"
+        "def needs(model):\n    return lambda: None\n"
+        "def silent():\n    w = torch.ones(3, requires_grad=True)\n    return lambda: (w * 2).sum().backward()\n")
+    with pytest.raises(StepError, match=r"needs\(model\) needs arguments"):
+        load_step(f"{tmp_path / 's.py'}:needs")
+    table, path = _table(tmp_path / "t.yaml")
+    with pytest.raises(StepError, match="returned no loss .* and took no optimizer step"):
+        Verifier(table, path, load_step(f"{tmp_path / 's.py'}:silent"), rounds=1, warmup=0, ablate=False).run()
+
+
 def test_verify_runs_every_variant_and_each_entry_alone(tmp_path):
     table, path = _table(tmp_path / "t.yaml")
     r = Verifier(table, path, load_step(STEP), rounds=3, warmup=1).run()
@@ -112,5 +124,7 @@ def test_ceiling_counts_every_entry_at_its_calls_per_step():
     assert c == {"compiler_ms": 16.0, "step_ms": 100.0, "speedup": round(100 / 84, 4)}
     assert ceiling(Table({}, entries[2:]), 100.0) is None
     assert ceiling(Table({}, entries), 10.0)["speedup"] is None  # measured apart, the sites outweigh the step
-    _, r = _report(90.0, 100.0, [1.0])
-    assert r.ceiling == {"compiler_ms": 0.002, "step_ms": 100.0, "speedup": round(100 / 99.998, 4)}
+    _, r = _report(90.0, 100.0, [1.0])  # 1.11x measured against a bound of 1.00002x: flagged
+    assert r.ceiling == {"compiler_ms": 0.002, "step_ms": 100.0, "speedup": round(100 / 99.998, 4), "exceeded": True}
+    _, r = _report(100.0, 100.0, [1.0])
+    assert r.ceiling["exceeded"] is False
