@@ -194,6 +194,7 @@ def test_opcheck(case):
     ("segment_sum", lambda: (torch.randn(3, 2).double(), torch.zeros(3, dtype=torch.long), 2), "dtype float64"),
     ("segment_sum", lambda: (torch.randn(3, 2), torch.zeros(3, dtype=torch.long), -1), "must not be negative"),
     ("cross_entropy", lambda: (torch.randn(3, 4), torch.zeros(3, dtype=torch.int32), -100), "dtype int32"),
+    ("rmsnorm", lambda: (torch.randn(129, 1, requires_grad=True), torch.randn(1), 1e-6), "rows of one element"),
 ])
 def test_declines_take_the_compiler_path(switches, name, args, why):
     switches(NKI_AUTOTUNE_KERNELS="on")

@@ -30,6 +30,9 @@ def shape_problem(specs, attrs: dict) -> str | None:
         return "x of shape [] (needs at least one dim)"
     if w.shape != x.shape[-1:]:
         return f"weight of shape {list(w.shape)} (needs [{x.shape[-1]}], no broadcasting)"
+    if x.shape[-1] == 1 and x.requires_grad:
+        return ("rows of one element needing x's gradient (it is eps / (x^2 + eps) of the output's, a difference of "
+                "nearly equal terms in the kernels' formula)")
     return None
 
 
