@@ -317,27 +317,50 @@ def test_oversize_and_full_psum(target):
     _expect(full, r"PSUM full on trn\d: 16384 bytes per partition live")
 
 
-def test_matmul_output_within_one_bank(target):
+def test_matmul_output_within_one_bank_on_trn2_and_up_to_eight_on_trn3(monkeypatch):
+    """v2/v3 take N <= 512 float32, one 2 KiB bank; v4 takes N <= 4096 float32 (8192 bfloat16), so its outputs span
+    banks: they must fit the 16 KiB from a bank boundary, which every PSUM tensor does."""
     @nki.jit
     def k(s, m):
         ps = nl.ndarray((4, 1024), dtype=nl.float32, buffer=nl.psum)
         nisa.nc_matmul(dst=ps[:, 256:768], stationary=_load(s), moving=_load(m))
+        return _out(ps[:, 256:768])
 
-    _expect(k, r"nc_matmul: dst .* spans more than one PSUM bank", f32(8, 4), f32(8, 512))
+    s, m = f32(8, 4), f32(8, 512)
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    _expect(k, r"nc_matmul: dst .* spans more than one PSUM bank \(2048 bytes per partition on trn2\)", s, m)
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    np.testing.assert_allclose(run(k, s, m), s.T.astype(np.float64) @ m, rtol=1e-5, atol=1e-5)
 
 
 def test_moving_wider_than_512_on_trn2_but_not_trn3(monkeypatch):
     @nki.jit
     def k(s, m):
-        ps = nl.ndarray((4, 600), dtype=nl.float32, buffer=nl.psum)
+        ps = nl.ndarray((4, 4096), dtype=nl.float32, buffer=nl.psum)
         nisa.nc_matmul(dst=ps, stationary=_load(s), moving=_load(m))
         return _out(ps)
 
-    s, m = f32(8, 4), f32(8, 600)
+    s, m = f32(8, 4), f32(8, 4096)
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
-    _expect(k, r"nc_matmul: moving free size N=600 exceeds maximum 512 on trn2", s, m)
+    _expect(k, r"nc_matmul: moving free size N=4096 exceeds maximum 512 on trn2", s, m)
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
-    _expect(k, r"spans more than one PSUM bank", s, m)  # trn3 takes N=600, but not across banks
+    np.testing.assert_allclose(run(k, s, m), s.T.astype(np.float64) @ m, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_inputs_are_tensor_engine_dtypes_and_on_chip_tiles_are_not_float64(target):
+    @nki.jit
+    def ints(s, m):
+        ps = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=ps, stationary=_load(s), moving=_load(m))
+
+    _expect(ints, r"nc_matmul: stationary dtype int32 is not a TensorE input", f32(8, 4).astype(np.int32),
+            f32(8, 8).astype(np.int32))
+
+    @nki.jit
+    def wide():
+        nl.ndarray((4, 8), dtype="float64", buffer=nl.sbuf)
+
+    _expect(wide, r"dtype=float64, buffer=nl.sbuf\): the engines have no float64")
 
 
 def test_matmul_contraction_and_buffers(target):

@@ -474,13 +474,20 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
 # -- TensorE -------------------------------------------------------------------------------------------------------
 
 
-def _bank_check(call: str, dst: NkiTensor) -> None:
-    bank = current().target.psum_bank_bytes
+MATMUL_INPUTS = ("float8_e4m3", "float8_e5m2", "bfloat16", "float16", "tfloat32", "float32")
+
+
+def _bank_check(call: str, dst: NkiTensor, n_max: int) -> None:
+    """A matmul output lies within one PSUM bank; where the target's largest N fills more than a bank (v4: 4096
+    float32), within that many banks from a bank boundary."""
+    t = current().target
     item = dst.storage.data.itemsize
+    span = max(t.psum_bank_bytes, n_max * item)
     free = (dst.offsets.reshape(dst.partitions(), -1) % dst.storage.free_size) * item
-    if free.size and free.min() // bank != free.max() // bank:
-        raise NkiError(f"nisa.{call}: dst {dst.describe()} spans more than one PSUM bank ({bank} bytes per "
-                       "partition); keep each matmul output within one bank")
+    if free.size and free.min() // span != free.max() // span:
+        what = "one PSUM bank" if span == t.psum_bank_bytes else f"{span // t.psum_bank_bytes} PSUM banks"
+        raise NkiError(f"nisa.{call}: dst {dst.describe()} spans more than {what} ({span} bytes per partition "
+                       f"on {t.name}); keep each matmul output within it")
 
 
 @instruction
@@ -506,12 +513,16 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         raise NkiError(f"nisa.nc_matmul: dst dtype {dst.dtype} not allowed on {t.name} (float32"
                        + (" or bfloat16)" if t.gen >= 4 else ")"))
     fp32 = {"float32", "tfloat32"}
+    for role, operand in (("stationary", stationary), ("moving", moving)):
+        if operand.dtype not in MATMUL_INPUTS:
+            raise NkiError(f"nisa.nc_matmul: {role} dtype {operand.dtype} is not a TensorE input (one of "
+                           f"{', '.join(MATMUL_INPUTS)})")
     if (stationary.dtype in fp32) != (moving.dtype in fp32):
         raise NkiError(f"nisa.nc_matmul: stationary {stationary.dtype} and moving {moving.dtype}: if one is "
                        "float32/tfloat32 both must be")
     if dst.partitions() != m or dst.per_partition() != n:
         raise NkiError(f"nisa.nc_matmul: dst {list(dst.shape)} must be [M={m}, N={n}]")
-    _bank_check("nc_matmul", dst)
+    _bank_check("nc_matmul", dst, n_max)
     res = _pf(stationary).T.astype(np.float32) @ _pf(moving).astype(np.float32)
     written = dst.storage.written[dst.offsets].reshape(m, n)
     if accumulate is True and not written.all():

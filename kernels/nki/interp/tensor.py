@@ -327,6 +327,9 @@ def new_tensor(shape, dtype: str, buffer: str, name: str = "") -> NkiTensor:
     shape = tuple(int(s) for s in shape)
     if buffer in ON_CHIP and not shape:
         raise NkiError(f"nl.ndarray(shape=[], buffer=nl.{buffer}): on-chip tensors have a partition dim")
+    if buffer in ON_CHIP and dtype == "float64":
+        raise NkiError(f"nl.ndarray(dtype=float64, buffer=nl.{buffer}): the engines have no float64; on-chip "
+                       "floats are float32, tfloat32, bfloat16, float16 or float8")
     st = Storage(shape, dtype, buffer, name)
     if buffer in ON_CHIP:
         current().memory.allocate(st, shape, np_dtype(dtype).itemsize, buffer, name)
