@@ -484,3 +484,28 @@ def test_nl_load_store_and_tile_helpers():
         nl.store(out, ps)
 
     _expect(store_psum, r"nl.store: the value is in PSUM", f32(4, 4))
+
+
+def test_scalar_engine_arithmetic_on_trn2_and_memset_constants_of_the_dst_type(monkeypatch):
+    @nki.jit
+    def k(a):
+        t = _load(a)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0, op1=nl.add, operand1=1.0,
+                           engine=nisa.engine.scalar)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.maximum, operand0=0.0, engine=nisa.engine.scalar)
+        return _out(t)
+
+    a = f32(8, 4)
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    _expect(k, r"engine=scalar on trn2 supports only multiply and add \(op0=maximum\)", a)
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    np.testing.assert_allclose(run(k, a), np.maximum(a * 2 + 1, 0), rtol=1e-6)
+
+    @nki.jit
+    def fill(value):
+        t = nl.ndarray((4, 3), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.memset(dst=t, value=value)
+        return _out(t)
+
+    _expect(fill, r"memset: value 1.0 does not match the integer dtype int32", 1.0)
+    assert (run(fill, 7) == 7).all()

@@ -389,6 +389,11 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     _on_chip("tensor_scalar", "dst", dst)
     _on_chip("tensor_scalar", "data", data)
     _same_layout("tensor_scalar", dst, "dst", data, "data")
+    t = current().target
+    if engine == _Engine.scalar and t.gen <= 3 and any(op is not None and op.name not in ("multiply", "add")
+                                                        for op in (op0, op1)):
+        raise NkiError(f"nisa.tensor_scalar: engine=scalar on {t.name} supports only multiply and add (op0="
+                       f"{op0.name}{'' if op1 is None else ', op1=' + op1.name})")
     p = data.partitions()
     if op0.bitvec or (op1 is not None and op1.bitvec):
         if not (op0.bitvec and (op1 is None or op1.bitvec)):
@@ -431,8 +436,9 @@ def reciprocal(dst, data, name=None):
 @instruction
 def memset(dst, value, engine=engine.unknown, name=None):
     _on_chip("memset", "dst", dst)
-    if not is_float(dst.dtype) and not float(value).is_integer():
-        raise NkiError(f"nisa.memset: value {value!r} does not match the integer dtype {dst.dtype} of dst")
+    if not is_float(dst.dtype) and not isinstance(value, (int, np.integer)):
+        raise NkiError(f"nisa.memset: value {value!r} does not match the integer dtype {dst.dtype} of dst (an int "
+                       "constant for an integer dst)")
     if engine == _Engine.gpsimd and dst.buffer == "psum":
         raise NkiError("nisa.memset: GpSimd cannot access PSUM")
     _put(dst, np.full(dst.shape, value, np.float32 if is_float(dst.dtype) else np.int64))
