@@ -226,7 +226,8 @@ class Verifier:
 
     def _report(self, variants: list[Variant], numerics: dict) -> Report:
         by = {v.name: v for v in variants}
-        out = {v.name: {"ms_per_step": round(median(v.times) * 1e3, 3), "rounds": len(v.times)} for v in variants[:3]}
+        out = {v.name: {"ms_per_step": round(median(v.times) * 1e3, 3), "rounds": len(v.times),
+                        "times_ms": [round(t * 1e3, 3) for t in v.times]} for v in variants[:3]}
         speedups = {}
         for name, base in (("table", "off"), ("on", "off"), ("table", "on")):
             s, (lo, hi) = ratio_of_medians(by[base].times, by[name].times, seed=self.seed)
@@ -241,6 +242,7 @@ class Verifier:
                 "entry": v.entry, "key": e.key.label(), "impl": e.impl,
                 "predicted_ms": None if predicted is None else round(predicted, 3),
                 "realized_ms": round(saving * 1e3, 3), "realized_ci95": [round(lo * 1e3, 3), round(hi * 1e3, 3)],
+                "times_ms": [round(t * 1e3, 3) for t in v.times],
                 "kept": saving > 0,
             })
         t = speedups["table over off"]

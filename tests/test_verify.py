@@ -55,7 +55,8 @@ def test_verify_runs_every_variant_and_each_entry_alone(tmp_path):
     assert set(r.speedups) == {"table over off", "on over off", "table over on"}
     assert r.numerics_ok and all(row["grad_rel_diff"] < 1e-4 for row in r.numerics.values())
     assert [e["entry"] for e in r.entries] == [0, 1] and all(e["predicted_ms"] == 0.03 for e in r.entries)
-    assert all(len(e["realized_ci95"]) == 2 for e in r.entries)
+    assert all(len(e["realized_ci95"]) == 2 and len(e["times_ms"]) == 3 for e in r.entries)
+    assert all(min(v["times_ms"]) <= v["ms_per_step"] <= max(v["times_ms"]) for v in r.variants.values())
 
 
 def test_wrong_kernel_numerics_are_caught(tmp_path, monkeypatch):
