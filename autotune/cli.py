@@ -13,6 +13,7 @@ import importlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -148,7 +149,7 @@ def cmd_run(args, console: Console) -> int:
             bench.close()
     elapsed = time.perf_counter() - t0
     cut = sum("budget exhausted" in e.reason for e in table.entries)
-    if cut and Path(args.output).exists():  # a cut run, like an interrupted one, keeps the table it would replace
+    if cut and _finished(Path(args.output)):  # a cut run, like an interrupted one, keeps the table it would replace
         console.print(report.summary(table, title="this run's table (not written)"))
         console.print(f"[red]the --budget ran out before {cut} of {len(table.entries)} entries were decided; "
                       f"{args.output} is left as it was: run again to finish them (the studies resume), or write "
@@ -163,6 +164,14 @@ def cmd_run(args, console: Console) -> int:
                   + (f"; the --budget ran out before {cut} of them were decided: run again to finish them (the "
                      "studies resume)" if cut else ""))
     return 0
+
+
+def _finished(path: Path) -> bool:
+    """Whether ``path`` holds a table that decided every key (not one a --budget cut short)."""
+    try:
+        return not any("budget exhausted" in e.reason for e in load_table(path).entries)
+    except (OSError, FormatError):
+        return False
 
 
 # -- show / diff (plain data: no torch) --------------------------------------------------------------------------
@@ -269,14 +278,18 @@ def _ops_named(path: Path) -> set[str]:
 
 def _record_run(command: list[str], out: Path, args, registry, console: Console) -> list | None:
     """Run ``command`` recording into ``out`` (and its ranks' files); their profiles, None if it wrote none.
-    The profiles of an earlier
-    recording are set aside, so that only this run's are merged, and put back if this run writes none: the
-    command failed, could not start, or was interrupted."""
-    earlier = {p: p.read_text() for p in [out, *out.parent.glob(f"{out.stem}.rank*{out.suffix}")] if p.exists()}
-    for p in earlier:
-        p.unlink()
-    kept = f"; {args.output} is left as it was" if out in earlier else ""
+
+    The profiles of an earlier recording are renamed aside (``*.before-record``), so that only this run's are
+    merged, and renamed back if this run writes none: the command failed, could not start, or was interrupted
+    (Ctrl-C, or SIGTERM from a scheduler). Killed outright, the earlier ones are still there, under that name."""
+    aside = {}
+    for p in [out, *out.parent.glob(f"{out.stem}.rank*{out.suffix}")]:
+        if p.exists():
+            aside[p] = p.with_name(p.name + ".before-record")
+            os.replace(p, aside[p])
+    kept = f"; {args.output} is left as it was" if out in aside else ""
     done = False
+    terminate = _on_sigterm()
     try:
         samples = args.samples or read_settings(os.environ).record_samples  # --samples, or the variable
         env = {**os.environ, RECORD: str(out), RECORD_SAMPLES: "1" if samples else "0"}
@@ -306,12 +319,27 @@ def _record_run(command: list[str], out: Path, args, registry, console: Console)
         done = True
         return profiles
     finally:
+        terminate()
         if not done:
             for p in [out, *out.parent.glob(f"{out.stem}.rank*{out.suffix}")]:
-                if p.exists() and p not in earlier:
-                    p.unlink()
-            for p, data in earlier.items():
-                atomic_write_text(p, data)
+                p.unlink(missing_ok=True)
+        for p, a in aside.items():
+            if done:
+                a.unlink(missing_ok=True)
+            else:
+                os.replace(a, p)
+
+
+def _on_sigterm() -> Callable[[], None]:
+    """Until the returned function is called, SIGTERM unwinds like Ctrl-C (so ``finally`` blocks run)."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: leave signals alone
+        return lambda: None
+    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 # -- check ------------------------------------------------------------------------------------------------------

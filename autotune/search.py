@@ -357,6 +357,13 @@ class Search:
         or by a concurrent worker), or if ``stop`` leaves no time to measure it again."""
         study = self.study(key, impl)
         cid = _config_id(config)
+        here: list[bool] = []  # measured by this worker: this run's, whatever the clocks say
+        measure = work[FINAL]
+
+        def measured_here(cfg: dict[str, int]) -> TrialResult:
+            here.append(True)
+            return measure(cfg)
+
         for _ in range(20):
             trials = self._trials(study)
             mine = sorted((t for t in trials if _kind(t) == FINAL and _config_id(t.user_attrs.get("config") or {})
@@ -364,7 +371,7 @@ class Search:
             done = [t for t in mine if _measured(t)]
             quiet = [t for t in done if not _disturbed(t)]
             recent = any(t.datetime_complete is not None and t.datetime_complete >= self.began for t in done)
-            if quiet or (done and (recent or stop())):
+            if quiet or (done and (here or recent or stop())):
                 return dict((quiet or done)[-1 if not quiet else 0].user_attrs["info"]["measured"])
             if stop():
                 return None
@@ -373,5 +380,5 @@ class Search:
                 return None
             if not any(t.state == TrialState.WAITING for t in mine):
                 self._enqueue(study, impl, key, config, FINAL)
-            self._claim(study, key, impl, work, lambda r: None)
+            self._claim(study, key, impl, {**work, FINAL: measured_here}, lambda r: None)
         return None

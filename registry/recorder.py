@@ -4,8 +4,8 @@ A site is labelled by the innermost ``nn.Module`` running (its qualified name in
 outermost one), else by the file:line that called the op's function (the first frame outside
 nki_autotune and outside the module defining the op's reference, where a wrapper like the README's
 ``axpy`` lives). A step is one call of the outermost module, or one ``Recorder.step()`` where the
-program marks them; a program that calls ops outside any module and marks no steps takes the fewest
-calls of any site as its number of steps. While recording, ``torch.compile``
+program marks them; a program that runs no module and marks no steps takes the fewest calls of any
+site (all its shapes together) as its number of steps. While recording, ``torch.compile``
 regions run eagerly (``set_stance("force_eager")``) so that every call is seen
 with its module; shapes, dtypes, layouts and call counts are those of the compiled run.
 Each call's inputs are recorded through ``callkey.key_of_call``, the rule dispatch uses.
@@ -122,7 +122,10 @@ class Recorder:
 
     # -- output -------------------------------------------------------------------------------------------
     def profile(self) -> Profile:
-        steps = self.explicit_steps or max(self.root_calls.values(), default=0) or min(self.counts.values(), default=1)
+        per_site = Counter()
+        for (name, label, _, _), n in self.counts.items():
+            per_site[name, label] += n
+        steps = self.explicit_steps or max(self.root_calls.values(), default=0) or min(per_site.values(), default=1)
         sites, sample_dir = [], self.path.parent / (self.path.stem + ".samples")
         for i, ((name, label, specs, attrs), n) in enumerate(self.counts.items()):
             site = Site(name, specs, get_op(name).attr_dict(attrs), label, max(1, round(n / steps)))

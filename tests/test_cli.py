@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -63,6 +65,12 @@ def test_a_run_cut_short_by_its_budget_says_so(tuned):
     r = cli("run", str(prof), "-o", str(tuned[2]), "--budget", "0", "--storage", f"sqlite:///{d}/cut2.db")
     assert r.returncode == 1 and "dispatch.yaml is left as it was" in " ".join(r.stdout.split()), r.stdout
     assert tuned[2].read_text() == before
+    # over a table cut short itself, a cut run writes its own (it may have decided more)
+    marked = (d / "cut.yaml").read_text().replace("budget exhausted before any trial ran", "budget exhausted (old)")
+    assert "(old)" in marked
+    (d / "cut.yaml").write_text(marked)
+    r = cli("run", str(prof), "-o", str(d / "cut.yaml"), "--budget", "0", "--storage", f"sqlite:///{d}/cut3.db")
+    assert r.returncode == 0 and "(old)" not in (d / "cut.yaml").read_text(), r.stdout
 
 
 def test_show_and_diff(tuned):
@@ -116,6 +124,25 @@ def test_record_runs_a_command_and_writes_its_profile(tmp_path):
     r = cli("record", "-o", str(tmp_path / "p.yaml"), "--", str(tmp_path / "no-such-program"))
     assert r.returncode == 2 and "cannot run" in r.stderr and "p.yaml is left as it was" in r.stderr
     assert (tmp_path / "p.yaml").read_text() == before
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["Ctrl-C", "SIGTERM"])
+def test_record_stopped_while_its_command_runs_puts_the_earlier_profile_back(tmp_path, sig):
+    prof = tmp_path / "p.yaml"
+    prof.write_text(yaml.safe_dump({"version": 2, "sites": [GOOD]}))
+    before = prof.read_text()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NKI_AUTOTUNE_")}
+    proc = subprocess.Popen([sys.executable, "-m", "nki_autotune.autotune", "record", "-o", str(prof), "--",
+                             sys.executable, "-c", "import time; time.sleep(60)"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "p.yaml.before-record").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "interrupted" in err, (proc.returncode, out, err)
+    assert prof.read_text() == before and not (tmp_path / "p.yaml.before-record").exists()
 
 
 TWICE = """
