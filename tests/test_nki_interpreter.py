@@ -317,32 +317,22 @@ def test_oversize_and_full_psum(target):
     _expect(full, r"PSUM full on trn\d: 16384 bytes per partition live")
 
 
-def test_matmul_output_within_one_bank_on_trn2_and_up_to_eight_on_trn3(monkeypatch):
+@pytest.mark.parametrize("width, cols, trn2_refuses", [
+    (1024, slice(256, 768), r"nc_matmul: dst .* spans more than one PSUM bank \(2048 bytes per partition on trn2\)"),
+    (4096, slice(0, 4096), r"nc_matmul: moving free size N=4096 exceeds maximum 512 on trn2"),
+], ids=["across a bank boundary", "N=4096"])
+def test_trn2_matmuls_fill_one_psum_bank_and_trn3_ones_up_to_eight(monkeypatch, width, cols, trn2_refuses):
     """v2/v3 take N <= 512 float32, one 2 KiB bank; v4 takes N <= 4096 float32 (8192 bfloat16), so its outputs span
     banks: they must fit the 16 KiB from a bank boundary, which every PSUM tensor does."""
     @nki.jit
     def k(s, m):
-        ps = nl.ndarray((4, 1024), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=ps[:, 256:768], stationary=_load(s), moving=_load(m))
-        return _out(ps[:, 256:768])
+        ps = nl.ndarray((4, width), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=ps[:, cols], stationary=_load(s), moving=_load(m))
+        return _out(ps[:, cols])
 
-    s, m = f32(8, 4), f32(8, 512)
+    s, m = f32(8, 4), f32(8, cols.stop - cols.start)
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
-    _expect(k, r"nc_matmul: dst .* spans more than one PSUM bank \(2048 bytes per partition on trn2\)", s, m)
-    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
-    np.testing.assert_allclose(run(k, s, m), s.T.astype(np.float64) @ m, rtol=1e-5, atol=1e-5)
-
-
-def test_moving_wider_than_512_on_trn2_but_not_trn3(monkeypatch):
-    @nki.jit
-    def k(s, m):
-        ps = nl.ndarray((4, 4096), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=ps, stationary=_load(s), moving=_load(m))
-        return _out(ps)
-
-    s, m = f32(8, 4), f32(8, 4096)
-    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
-    _expect(k, r"nc_matmul: moving free size N=4096 exceeds maximum 512 on trn2", s, m)
+    _expect(k, trn2_refuses, s, m)
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
     np.testing.assert_allclose(run(k, s, m), s.T.astype(np.float64) @ m, rtol=1e-5, atol=1e-5)
 
