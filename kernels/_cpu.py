@@ -252,11 +252,19 @@ def softplus64(z):
 
 
 def launch(kern: tuple[Callable, Callable], threads: int, *args) -> None:
+    """The serial build, or the parallel one on ``threads`` threads. numba's OpenMP layer sets its count in the
+    OpenMP runtime PyTorch reads too: the caller's ``torch.set_num_threads`` is put back after the launch (else
+    it would change under the model, and compiled code, which guards on it, would recompile)."""
     if threads <= 1:
         kern[0](*args)
         return
+    torch_threads = torch.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-    kern[1](*args)
+    try:
+        kern[1](*args)
+    finally:
+        if torch.get_num_threads() != torch_threads:
+            torch.set_num_threads(torch_threads)
 
 
 _BF16, _I16, _F32 = torch.bfloat16, torch.int16, torch.float32

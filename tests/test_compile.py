@@ -239,3 +239,24 @@ def test_the_first_decision_of_the_process_may_be_made_while_tracing(switches, w
     fn = torch.compile(block, backend=graphs, fullgraph=True, dynamic=False)
     _run(fn, KERNEL_AT, steps=3)
     assert len(graphs.dynamo) == 1 and FWD in targets(graphs.forward[0])
+
+
+def test_a_parallel_kernel_leaves_the_callers_thread_count_and_causes_no_recompile(switches):
+    """numba's OpenMP layer sets the thread count PyTorch reads as well: a job that runs torch on one thread (a DDP
+    rank per core) must keep it, and compiled code guards on it."""
+    from nki_autotune.kernels._cpu import max_threads
+
+    if max_threads() < 2:
+        pytest.skip("one core: no kernel launches in parallel here")
+    switches(NKI_AUTOTUNE_KERNELS="on")  # rmsnorm's default config runs on every core
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        graphs = Graphs()
+        fn = torch.compile(block, backend=graphs, fullgraph=True, dynamic=False)
+        _run(fn, KERNEL_AT, steps=3)
+        nk.rmsnorm(torch.randn(*KERNEL_AT), torch.randn(KERNEL_AT[-1]))  # eager too
+        assert torch.get_num_threads() == 1
+        assert len(graphs.dynamo) == 1 and FWD in targets(graphs.forward[0])
+    finally:
+        torch.set_num_threads(before)
