@@ -148,7 +148,7 @@ def cmd_run(args, console: Console) -> int:
         finally:
             bench.close()
     elapsed = time.perf_counter() - t0
-    cut = sum("budget exhausted" in e.reason for e in table.entries)
+    cut = _undecided(table)
     if cut and _finished(Path(args.output)):  # a cut run, like an interrupted one, keeps the table it would replace
         console.print(report.summary(table, title="this run's table (not written)"))
         console.print(f"[red]the --budget ran out before {cut} of {len(table.entries)} entries were decided; "
@@ -166,10 +166,15 @@ def cmd_run(args, console: Console) -> int:
     return 0
 
 
+def _undecided(table) -> int:
+    """How many of ``table``'s entries a --budget cut short (the tuner's reason says so)."""
+    return sum("budget exhausted" in e.reason for e in table.entries)
+
+
 def _finished(path: Path) -> bool:
-    """Whether ``path`` holds a table that decided every key (not one a --budget cut short)."""
+    """Whether ``path`` holds a table that decided every key."""
     try:
-        return not any("budget exhausted" in e.reason for e in load_table(path).entries)
+        return not _undecided(load_table(path))
     except (OSError, FormatError):
         return False
 

@@ -480,7 +480,7 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
 # -- TensorE -------------------------------------------------------------------------------------------------------
 
 
-MATMUL_INPUTS = ("float8_e4m3", "float8_e5m2", "bfloat16", "float16", "tfloat32", "float32")
+MATMUL_INPUTS = ("float8_e4m3", "float8_e4m3fn", "float8_e5m2", "bfloat16", "float16", "tfloat32", "float32")
 
 
 def _bank_check(call: str, dst: NkiTensor, n_max: int) -> None:
