@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-SUPPORTED = ">=4.57,<5.19"
+SUPPORTED = ">=4.57,<5.25"
 """The range of the ``hf`` extra in pyproject.toml (a test keeps the two equal)."""
 
 
