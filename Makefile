@@ -19,9 +19,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
+# Two workers (tests/README.md: what they share, how tests are grouped); the slowest tests listed at the end.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 # The main job: record the example's training step (a Hugging Face Llama patched with the pack), tune
 # every call site against the compiler (studies in the embedded SQLite default, so a second run reuses
