@@ -11,7 +11,9 @@ at import. What each worker has of its own and what the workers share:
   user's ``~/.cache/nki-autotune/studies.db``.
 - Compile caches, shared on purpose: numba's (``NUMBA_CACHE_DIR``) and Inductor's (``TORCHINDUCTOR_CACHE_DIR``)
   write each entry to a temporary file and rename it into place, so workers read whole entries or none; a kernel
-  one worker compiled is loaded from disk by the other.
+  one worker compiled is loaded from disk by the other. Two workers that need the same uncached kernel at once
+  (both start on tests of RMSNorm) would each compile it: ``share_numba_compiles`` makes the second wait for the
+  first's entry and load it.
 - The machine-wide measurement lock (``autotune/measure.py: LOCK_PATH``), shared on purpose: a test that times
   for real holds it as a user's run does, so the two workers never time at the same moment. The other worker's
   compiling still loads the machine, and the tuner's calibration says so (DISTURBED): end-to-end tests accept
@@ -24,6 +26,7 @@ at import. What each worker has of its own and what the workers share:
 from __future__ import annotations
 
 import atexit
+import fcntl
 import itertools
 import os
 import random
@@ -47,6 +50,42 @@ def own_user_cache(monkeypatch):
     """A user cache folder of this test's own (not yet created), for it and the commands it runs."""
     monkeypatch.setenv("XDG_CACHE_HOME", os.path.join(_USER_CACHE, str(next(_tests))))
 
+
+def share_numba_compiles() -> None:
+    """A numba function cached on disk is compiled under a lock file beside its cache entry: a process that needs it
+    while another compiles it waits, then loads the other's entry instead of compiling it again. (The kernels of
+    the pack call no other cached function, so no two such locks are ever waited for in opposite orders; numba's
+    own compiler lock is taken first, so threads of one process do not either.)"""
+    from numba.core.compiler_lock import global_compiler_lock
+    from numba.core.dispatcher import Dispatcher
+
+    if getattr(Dispatcher.compile, "shares_compiles", False):
+        return
+    compile_ = Dispatcher.compile
+    held: set[str] = set()
+
+    def compile(self, sig):
+        folder = getattr(self._cache, "_cache_path", None)  # None: not cached on disk (NullCache)
+        if folder is None:
+            return compile_(self, sig)
+        lock = os.path.join(folder, f"{self._cache._cache_file._index_name}.lock")
+        with global_compiler_lock:
+            if lock in held:
+                return compile_(self, sig)
+            os.makedirs(folder, exist_ok=True)
+            with open(lock, "a") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+                held.add(lock)
+                try:
+                    return compile_(self, sig)
+                finally:
+                    held.discard(lock)
+
+    compile.shares_compiles = True
+    Dispatcher.compile = compile
+
+
+share_numba_compiles()
 
 _WIDE = ("class", "module", "package", "session")
 
