@@ -37,7 +37,7 @@ demo: $(STAMP)
 	$(VENV)/bin/nki-autotune verify out/dispatch.yaml examples/train.py:make_step --rounds 12 --json out/verify.json
 
 bench: $(STAMP)
-	$(PY) -m pytest benchmarks -q --benchmark-columns=median,iqr,rounds --benchmark-sort=name
+	$(PY) -m pytest benchmarks -q --timeout 1200 --benchmark-columns=median,iqr,rounds --benchmark-sort=name
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
