@@ -437,7 +437,7 @@ def cmd_verify(args, console: Console) -> int:
         for row in r.entries:
             lo, hi = row["realized_ci95"]
             pred = "-" if row["predicted_ms"] is None else f"{row['predicted_ms']:+.3f}"
-            peak = "-" if row["realized_peak_mib"] is None else f"{row['realized_peak_mib']:+.1f}"
+            peak = "-" if row["realized_peak_mib"] is None else f"{row['realized_peak_mib']:+.4g}"
             spans = " (median; its interval spans 0)" if lo <= 0 <= hi and row["objective"] == "time" else ""
             e.add_row(str(row["entry"]), row["key"], row["impl"], pred, f"{row['realized_ms']:+.3f}",
                       f"{lo:+.3f} to {hi:+.3f}", peak, ("[green]yes[/]" if row["kept"] else "[red]no[/]") + spans
@@ -469,7 +469,7 @@ def cmd_verify(args, console: Console) -> int:
 
 
 def _mib(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
+    return "-" if value is None else f"{value:.4g}"
 
 
 # -- selftest ---------------------------------------------------------------------------------------------------
