@@ -153,6 +153,8 @@ class LocalBench:
         try:
             if b.compiler_peak is None:
                 b.compiler_peak = self.peak(b.compiler)
+            if b.compiler_peak == 0:  # the compiler's region makes its outputs: nothing seen is nothing reported
+                return {"peak_error": f"no allocation on {self.backend.device} was reported to the profiler"}
             return {"kernel_peak_mib": mib(self.peak(runner)), "compiler_peak_mib": mib(b.compiler_peak)}
         except Exception as e:
             return {"peak_error": f"{type(e).__name__}: {str(e)[:300]}"}

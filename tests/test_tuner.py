@@ -258,3 +258,20 @@ def test_memory_objective_compares_the_config_of_lowest_peak_and_shares_the_stud
     assert e.reason.startswith("objective memory: peak 0.40x") and e.measured["objective"] == "memory"
     (t,) = tuner(tmp_path, clock, peak=peak).tune(Profile([site()])).entries
     assert t.impl is None and "below the threshold" in t.reason and t.measured["objective"] == "time"
+
+
+def test_a_final_comparison_stored_without_peak_memory_is_measured_again_and_no_trial_is(tmp_path, monkeypatch):
+    """Studies kept from before peak memory was measured: the next run measures the final comparison again, once."""
+    with monkeypatch.context() as m:
+        m.setattr(LocalBench, "_peaks", lambda self, runner: {})
+        (old,) = tuner(tmp_path, FakeClock(fast_when()), trials=2).tune(Profile([site()])).entries
+    assert old.impl == "cpu_rows" and "kernel_peak_mib" not in old.measured
+    t = tuner(tmp_path, FakeClock(fast_when()), trials=2)
+    trials, finals = [], []
+    monkeypatch.setattr(t.bench, "trial", lambda *a: trials.append(a))
+    final = t.bench.final
+    monkeypatch.setattr(t.bench, "final", lambda *a: finals.append(a) or final(*a))
+    (e,) = t.tune(Profile([site()])).entries
+    assert not trials and len(finals) == 1 and e.config == old.config and e.measured["kernel_peak_mib"] > 0
+    clock = FakeClock(fast_when())
+    assert tuner(tmp_path, clock, trials=2).tune(Profile([site()])).entries[0].measured == e.measured and clock.calls == 0
