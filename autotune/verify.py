@@ -281,7 +281,8 @@ class Verifier:
         return Report(self.path, out, speedups, numerics, entries, verdict, slower, numerics_ok, memory, bound)
 
     def pruned(self, report: Report) -> Table:
-        """The table with every entry whose realized saving is not positive sent back to the compiler."""
+        """The table with every entry that does not pay sent back to the compiler: its realized saving is not positive
+        or, for an entry chosen for memory, it does not lower the step's peak or is shown slower."""
         drop = {r["entry"]: r for r in report.entries if not r["kept"]}
         entries = []
         for i, e in enumerate(self.table.entries):
@@ -290,7 +291,7 @@ class Verifier:
                 continue
             r = drop[i]
             lo, hi = r["realized_ci95"]
-            peak = "" if r["realized_peak_mib"] is None else f", peak memory {r['realized_peak_mib']:+g} MiB"
+            peak = "" if r["realized_peak_mib"] is None else f", realized peak saving {r['realized_peak_mib']:+g} MiB"
             reason = (f"verify: does not pay in the full step (realized saving {r['realized_ms']:+.3f} ms/step, "
                       f"95% CI {lo:+.3f} to {hi:+.3f}, predicted {r['predicted_ms']} ms{peak}); was: {e.reason}")
             entries.append(Entry(e.key, None, {}, e.sites, e.source, {**e.measured, "impl": e.impl,

@@ -274,4 +274,5 @@ def test_a_final_comparison_stored_without_peak_memory_is_measured_again_and_no_
     (e,) = t.tune(Profile([site()])).entries
     assert not trials and len(finals) == 1 and e.config == old.config and e.measured["kernel_peak_mib"] > 0
     clock = FakeClock(fast_when())
-    assert tuner(tmp_path, clock, trials=2).tune(Profile([site()])).entries[0].measured == e.measured and clock.calls == 0
+    (same,) = tuner(tmp_path, clock, trials=2).tune(Profile([site()])).entries
+    assert same.measured == e.measured and clock.calls == 0

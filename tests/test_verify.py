@@ -102,7 +102,7 @@ def test_an_entry_chosen_for_memory_pays_where_it_lowers_the_steps_peak_and_is_n
     assert r.memory == {"table over off": 0.6, "on over off": 0.58, "table over on": round(60 / 58, 4)}
     assert [v["peak_mib"] for v in r.variants.values()] == [60, 100, 58]
     assert [(e["realized_peak_mib"], e["kept"]) for e in r.entries] == [(30, True), (0, False)]
-    assert "peak memory +0 MiB" in v.pruned(r).entries[1].reason
+    assert "realized peak saving +0 MiB" in v.pruned(r).entries[1].reason
     _, slower = _report(100.0, 100.0, [-5.0], peaks=[60, 100, 58, 90], objective="memory")
     assert not slower.entries[0]["kept"]  # 5 ms slower in every round: its memory does not make up for it
     _, timed = _report(100.0, 100.0, [0.0], peaks=[60, 100, 58, 90])
