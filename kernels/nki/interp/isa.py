@@ -18,7 +18,7 @@ import numpy as np
 from .errors import NkiError, NkiRangeWarning
 from .scalar import NkiScalar, VirtualRegister, runtime_value
 from .state import current
-from .tensor import NkiTensor, _Indirect, cast, is_float
+from .tensor import Dynamic, NkiTensor, cast, is_float
 
 
 class engine(Enum):  # noqa: N801  (the NKI names)
@@ -104,7 +104,7 @@ def start_partition(call: str, name: str, t: NkiTensor) -> None:
     """ARCH2 "Data streaming": an engine operand occupies contiguous partitions, and one of more than 64
     partitions starts at partition 0, of 33-64 at 0 or 64, of up to 32 at 0, 32, 64 or 96."""
     p = t.partitions()
-    rows = t.offsets.reshape(p, -1)[:, 0] // t.storage.free_size if t.size else np.zeros(0, np.int64)
+    rows = t.partition_rows() if t.size else np.zeros(0, np.int64)
     if p and (np.diff(rows) != 1).any():
         raise NkiError(f"nisa.{call}: {name} {t.describe()} does not occupy contiguous partitions (ARCH2: no "
                        "partition striding within one engine access)")
@@ -202,22 +202,60 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
     if vector and dge_mode == _Dge.hwdge:
         raise NkiError("nisa.dma_copy: hardware DGE does not support indirect DMA (trainium2_arch.rst); use "
                        "dge_mode=swdge or leave it unknown")
-    keep = np.ones(dst.size, bool)
+    keep = None
     for n, t in (("src", src), ("dst", dst)):
-        if isinstance(t, _Indirect) and t.dynamic and t.bad().any():
+        if isinstance(t, Dynamic) and t.bad_rows().any():
             if oob_mode == _Oob.error:
-                bad = t.offsets[t.bad()].reshape(-1)[0]
-                raise NkiError(f"nisa.dma_copy: {n} access pattern reaches element {bad} outside "
-                               f"{t.name or 'the tensor'} of {t.storage.data.size} elements (oob_mode=error: the "
+                raise NkiError(f"nisa.dma_copy: {n} access pattern reaches element {t.first_bad()} outside "
+                               f"{t.name or 'the tensor'} of {t._flat().size} elements (oob_mode=error: the "
                                "bounds check of dynamic DMA, nki.isa.dma_copy)")
-            rows = t.bad().reshape(t.shape[0], -1).any(axis=1)  # skip: whole indirect rows are dropped
-            keep &= np.repeat(~rows, t.size // t.shape[0])
-    vals = src.storage.data[np.where(keep.reshape(src.shape), src.offsets, 0)].reshape(-1)
-    if src.dtype != dst.storage.dtype:
-        vals = vals.astype(np.float32)  # DMA casts through float32 (nki.isa.dma_copy)
-    dst_off = dst.offsets.reshape(-1)[keep]
-    dst.storage.data[dst_off] = cast(vals[keep], dst.storage.dtype)
+            rows = ~t.bad_rows()  # skip: whole indirect rows are dropped
+            if not t.per_row:
+                rows = np.repeat(rows, t.shape[0] if t.ndim else 1)
+            keep = rows if keep is None else keep & rows
+    _copy(dst, src, keep)
     return NkiInstruction()
+
+
+def _copy(dst: NkiTensor, src: NkiTensor, keep: np.ndarray | None) -> None:
+    """dst = src element by element in row-major order of the views, through float32 where the dtypes differ
+    (nki.isa.dma_copy); ``keep``: the partitions (rows of the first dim) to move, the rest skipped."""
+    if keep is None:
+        vals = src.read()
+        if src.dtype != dst.dtype:
+            vals = vals.astype(np.float32)
+        dst.write(vals.reshape(dst.shape))
+        return
+    if not keep.any():
+        return
+    p = len(keep)
+    vals = _rows(src, keep).reshape(p, -1)
+    if src.dtype != dst.dtype:
+        vals = vals.astype(np.float32)
+    if isinstance(dst, Dynamic) and dst.per_row:
+        for i, row in enumerate(dst.rows(keep)):
+            if row is not None:
+                row[...] = cast(vals[i].reshape(row.shape), dst.dtype)
+        dst.storage.dirty = True
+        return
+    whole = dst.read().reshape(p, -1).copy()
+    whole[keep] = cast(vals[keep], dst.dtype)
+    dst.write(whole.reshape(dst.shape))
+
+
+def _rows(t: NkiTensor, keep: np.ndarray) -> np.ndarray:
+    """The values of ``t`` as (len(keep), -1), rows not kept left as zeros (never read out of bounds)."""
+    p = len(keep)
+    if isinstance(t, Dynamic) and t.per_row:
+        per = t.size // max(1, p)
+        out = np.zeros((p, per), t.read_dtype())
+        for i, row in enumerate(t.rows(keep)):
+            if row is not None:
+                out[i] = row.reshape(-1)
+        return out
+    if isinstance(t, Dynamic) and t.bad_rows().any():
+        return np.zeros((p, t.size // max(1, p)), t.read_dtype())
+    return t.read().reshape(p, -1)
 
 
 @instruction
@@ -275,8 +313,8 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     if reduce_op is not None and getattr(reduce_op, "name", "") != "add":
         raise NkiError(f"nisa.activation: reduce_op must be nl.add, got {reduce_op!r}")
     run = current()
-    lanes = slice(int(data.offsets.reshape(-1)[0] // data.storage.free_size), None)
-    lanes = slice(lanes.start, lanes.start + p)
+    first = int(data.partition_rows()[0])
+    lanes = slice(first, first + p)
     acc, defined = run.act_acc[lanes], run.act_defined[lanes]
     if reduce_cmd in (_Cmd.reset, _Cmd.reset_reduce):
         acc[:] = 0.0
@@ -289,7 +327,7 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         _on_chip("activation", "reduce_res", reduce_res)
         if reduce_res.partitions() != p or reduce_res.per_partition() != 1:
             raise NkiError(f"nisa.activation: reduce_res {list(reduce_res.shape)} must be ({p}, 1)")
-        if reduce_res.storage is dst.storage and np.intersect1d(reduce_res.offsets, dst.offsets).size:
+        if reduce_res.overlaps(dst):
             raise NkiError("nisa.activation: reduce_res overlaps dst; the instruction writes both, in an order the "
                            "docs leave open (reduce_res-alias rule): give reduce_res its own tile")
     if reduce_cmd in (_Cmd.reduce, _Cmd.load_reduce) or (reduce_res is not None and reduce_cmd == _Cmd.idle):
@@ -489,8 +527,8 @@ def _bank_check(call: str, dst: NkiTensor, n_max: int) -> None:
     t = current().target
     item = dst.storage.data.itemsize
     span = max(t.psum_bank_bytes, n_max * item)
-    free = (dst.offsets.reshape(dst.partitions(), -1) % dst.storage.free_size) * item
-    if free.size and free.min() // span != free.max() // span:
+    lo, hi = dst.free_extent()
+    if dst.size and (lo * item) // span != (hi * item) // span:
         what = "one PSUM bank" if span == t.psum_bank_bytes else f"{span // t.psum_bank_bytes} PSUM banks"
         raise NkiError(f"nisa.{call}: dst {dst.describe()} spans more than {what} ({span} bytes per partition "
                        f"on {t.name}); keep each matmul output within it")
@@ -530,7 +568,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         raise NkiError(f"nisa.nc_matmul: dst {list(dst.shape)} must be [M={m}, N={n}]")
     _bank_check("nc_matmul", dst, n_max)
     res = _pf(stationary).T.astype(np.float32) @ _pf(moving).astype(np.float32)
-    written = dst.storage.written[dst.offsets].reshape(m, n)
+    written = dst.mirror(dst.storage.written).reshape(m, n)
     if accumulate is True and not written.all():
         warnings.warn("nisa.nc_matmul: accumulate=True into PSUM that was never written (undefined on hardware)",
                       stacklevel=2)

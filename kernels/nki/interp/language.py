@@ -193,10 +193,14 @@ with np.errstate(all="ignore"):
 
 
 def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None) -> NkiTensor:
-    """Uninitialised (NaN-filled, like the simulator). Returned tensors must use buffer=nl.shared_hbm."""
+    """Uninitialised (NaN-filled, like the simulator). Returned tensors must use buffer=nl.shared_hbm. On-chip
+    tensors may be placed with ``address=(partition, byte offset)``; they count in the capacity by the bytes they
+    cover."""
+    if address is not None and buffer not in ("sbuf", "psum"):
+        raise NkiError(f"nl.ndarray(address={address!r}, buffer=nl.{buffer}): only SBUF and PSUM tensors are placed")
     if buffer == "shared_hbm":
-        return current().shared_alloc(lambda: new_tensor(shape, dtype, buffer, name))
-    return new_tensor(shape, dtype, buffer, name)
+        return current().shared_alloc(lambda: new_tensor(shape, dtype, buffer, name), shape, dtype)
+    return new_tensor(shape, dtype, buffer, name, address)
 
 
 def full(shape, fill_value, dtype, buffer=sbuf, name: str = "") -> NkiTensor:
@@ -253,21 +257,19 @@ affine_range = _deprecated_range("affine_range")
 sequential_range = _deprecated_range("sequential_range")
 static_range = _deprecated_range("static_range")
 
-_reorder_fence = [0]
-
-
 @contextlib.contextmanager
 def no_reorder():
     """Instructions inside keep program order (the interpreter runs in program order anyway)."""
-    _reorder_fence[0] += 1
+    run = current()
+    run.no_reorder += 1
     try:
         yield
     finally:
-        _reorder_fence[0] -= 1
+        run.no_reorder -= 1
 
 
 def _compiled_loop(name: str) -> None:
-    if _reorder_fence[0]:
+    if current().no_reorder:
         raise NkiError(f"nl.{name} inside nl.no_reorder() is not supported; put no_reorder inside the loop body")
 
 
