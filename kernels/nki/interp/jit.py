@@ -12,7 +12,7 @@ import numpy as np
 from ....registry.neuron import lnc_configured
 from ..limits import simulated_target
 from .errors import NkiError
-from .state import Launch, Run, enter, leave
+from .state import Launch, Run, active, enter, leave
 from .tensor import NkiTensor, wrap
 
 
@@ -60,6 +60,8 @@ class Kernel:
         return _Launch(self.fn, lnc)
 
     def __call__(self, *args, **kwargs):
+        if active():  # called from a running kernel: inlined, as specialization inlines calls
+            return self.fn(*args, **kwargs)
         return _Launch(self.fn, None)(*args, **kwargs)
 
 

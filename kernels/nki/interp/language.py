@@ -26,6 +26,13 @@ bool_, int8, int16, int32, int64 = "bool_", "int8", "int16", "int32", "int64"
 uint8, uint16, uint32 = "uint8", "uint16", "uint32"
 float16, bfloat16, float32, tfloat32 = "float16", "bfloat16", "float32", "tfloat32"
 float8_e4m3, float8_e4m3fn, float8_e5m2 = "float8_e4m3", "float8_e4m3fn", "float8_e5m2"
+float8_e5m2_x4, float8_e4m3fn_x4, float4_e2m1fn_x4 = "float8_e5m2_x4", "float8_e4m3fn_x4", "float4_e2m1fn_x4"
+"""Packed MX dtypes (four values per element); the interpreter stores and moves their bits, and computes on none."""
+
+
+class NKIObject:
+    """Base of the dataclass-like objects a kernel may take and build (NKI language guide: ``nl.NKIObject``
+    subclasses are kernel arguments); plain Python here."""
 
 
 def is_hbm(b: str) -> bool:
@@ -182,6 +189,7 @@ with np.errstate(all="ignore"):
     mish = Fn("mish", unary=_u(lambda a: a * np.tanh(np.logaddexp(0, a))))
     erf = Fn("erf", unary=_u(_erf))
     gelu = Fn("gelu", unary=_u(lambda a: 0.5 * a * (1 + _erf(a / np.sqrt(2)))))
+    gelu_apprx_sigmoid = Fn("gelu_apprx_sigmoid", unary=_u(lambda a: a * _sigmoid(1.702 * a)))
     gelu_apprx_tanh = Fn("gelu_apprx_tanh",
                          unary=_u(lambda a: 0.5 * a * (1 + np.tanh(0.7978845608 * (a + 0.044715 * a ** 3)))))
     sin = Fn("sin", unary=_u(np.sin), domain=(-np.pi, np.pi, False))
@@ -337,6 +345,19 @@ def store(dst: NkiTensor, value: NkiTensor) -> None:
     if value.buffer == "psum":
         raise NkiError("nl.store: the value is in PSUM; copy it to SBUF first (nisa.tensor_copy)")
     isa.dma_copy(dst=dst, src=value)
+
+
+_ALIASES = {"bool": bool_, "dtype": str}
+"""``nl.bool`` (the NKI Library's spelling of ``nl.bool_``) and ``nl.dtype``, the type of a dtype (dtypes are their
+names here: ``str(nl.float32) == "float32"``, as the library compares them); module attributes only, so that this
+module's own ``bool`` stays Python's."""
+
+
+def __getattr__(name: str):
+    try:
+        return _ALIASES[name]
+    except KeyError:
+        raise AttributeError(f"nki.language has no attribute {name!r} in the interpreter") from None
 
 
 __all__ = [n for n in dir() if not n.startswith("_")]

@@ -121,11 +121,16 @@ def current() -> Run:
     return run
 
 
+def active() -> bool:
+    """Whether a launch is running on this thread (a jit kernel called inside one is inlined, not launched)."""
+    return getattr(_local, "run", None) is not None and getattr(_local, "launched", False)
+
+
 def enter(run: Run) -> Run | None:
-    prev = getattr(_local, "run", None)
-    _local.run = run
+    prev = getattr(_local, "run", None), getattr(_local, "launched", False)
+    _local.run, _local.launched = run, True
     return prev
 
 
-def leave(prev: Run | None) -> None:
-    _local.run = prev
+def leave(prev) -> None:
+    _local.run, _local.launched = prev
