@@ -32,7 +32,27 @@ float8_e5m2_x4, float8_e4m3fn_x4, float4_e2m1fn_x4 = "float8_e5m2_x4", "float8_e
 
 class NKIObject:
     """Base of the dataclass-like objects a kernel may take and build (NKI language guide: ``nl.NKIObject``
-    subclasses are kernel arguments); plain Python here."""
+    subclasses are kernel arguments). A subclass without ``@dataclass`` is still built like one, by position or
+    keyword from its annotated fields with their class defaults, then ``__post_init__`` (the NKI Library constructs
+    ``RmsNormQuantKernelArgs(nl.NKIObject)`` so); with ``@dataclass`` its own ``__init__`` applies."""
+
+    def __init__(self, *args, **kwargs):
+        names = [n for klass in reversed(type(self).__mro__) for n in getattr(klass, "__annotations__", {})]
+        names = list(dict.fromkeys(names))
+        if len(args) > len(names):
+            raise TypeError(f"{type(self).__name__} takes {len(names)} fields, got {len(args)} positional values")
+        values = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names:
+                raise TypeError(f"{type(self).__name__} has no field {k!r}; fields: {', '.join(names)}")
+            values[k] = v
+        for n in names:
+            if n not in values and not hasattr(type(self), n):
+                raise TypeError(f"{type(self).__name__}: missing field {n!r}")
+            object.__setattr__(self, n, values[n] if n in values else getattr(type(self), n))
+        post = getattr(self, "__post_init__", None)
+        if post is not None:
+            post()
 
 
 def is_hbm(b: str) -> bool:
