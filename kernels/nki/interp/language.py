@@ -9,6 +9,8 @@ loops whose index and condition are run-time values.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import warnings
 
 import numpy as np
@@ -30,7 +32,32 @@ float8_e5m2_x4, float8_e4m3fn_x4, float4_e2m1fn_x4 = "float8_e5m2_x4", "float8_e
 """Packed MX dtypes (four values per element); the interpreter stores and moves their bits, and computes on none."""
 
 
-class NKIObject:
+class _NKIObjectType(type):
+    """Builds NKIObjects as the NKI Library does: keywords the class's ``__init__`` does not take (a ``@dataclass``
+    whose attributes carry no annotation, like attention_cte's ``SectionParams``) set those attributes after it."""
+
+    def __call__(cls, *args, **kwargs):
+        params = _init_params(cls)
+        extra = {k: v for k, v in kwargs.items() if params is not None and k not in params}
+        for k in extra:
+            if not hasattr(cls, k):
+                raise TypeError(f"{cls.__name__} has no attribute {k!r} to set")
+        obj = super().__call__(*args, **{k: v for k, v in kwargs.items() if k not in extra})
+        for k, v in extra.items():
+            object.__setattr__(obj, k, v)
+        return obj
+
+
+@functools.cache
+def _init_params(cls) -> frozenset | None:
+    """The keyword parameters of ``cls.__init__``; None where it takes any."""
+    sig = inspect.signature(cls.__init__)
+    if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+        return None
+    return frozenset(sig.parameters)
+
+
+class NKIObject(metaclass=_NKIObjectType):
     """Base of the dataclass-like objects a kernel may take and build (NKI language guide: ``nl.NKIObject``
     subclasses are kernel arguments). A subclass without ``@dataclass`` is still built like one, by position or
     keyword from its annotated fields with their class defaults, then ``__post_init__`` (the NKI Library constructs
