@@ -86,7 +86,7 @@ class _Launch:
     def __call__(self, *args, **kwargs):
         target = simulated_target()
         lnc = self.degree()
-        buffer = "shared_hbm" if lnc > 1 or self.lnc else "hbm"
+        buffer = "shared_hbm"  # inputs are visible to every program of the launch (nki/get-started/about/lnc.rst)
         inputs: list = []
         kinds: list = []
         converted = [_argument(i, a, buffer, inputs, kinds) for i, a in enumerate(args)]
