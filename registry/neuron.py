@@ -69,6 +69,13 @@ def nki_version() -> str:
     return version if version != "absent" else str(getattr(real, "__version__", "unknown"))
 
 
+def nki_release() -> tuple[int, int] | None:
+    """The (major, minor) release of the ``nki`` here (the interpreter's own where it is installed as ``nki``), None
+    where none imports."""
+    version = nki_version()
+    return None if version == "absent" else _parse(version.removeprefix("interpreter "))
+
+
 def nki_problem() -> str | None:
     """None where a real ``nki`` of a release in ``NKI_RANGE`` imports; else why the project's interpreter stands
     in."""
