@@ -45,8 +45,9 @@ def test_nothing_imports_neuronxcc_nki():
 def test_install_puts_the_interpreter_in_place_of_a_missing_nki(monkeypatch):
     import importlib
 
-    for name in ("nki", *nki.MODULES):
-        monkeypatch.delitem(sys.modules, name, raising=False)
+    for name in ("nki", *nki.MODULES):  # absent, and restored as absent afterwards
+        monkeypatch.setitem(sys.modules, name, None)
+        monkeypatch.delitem(sys.modules, name)
     assert install() is nki and install() is nki
     constants = importlib.import_module("nki.isa.constants")  # the forms the NKI Library imports
     isa, lnc = importlib.import_module("nki.isa"), importlib.import_module("nki.lnc")

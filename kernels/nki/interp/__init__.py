@@ -8,6 +8,12 @@ rule. Its timings mean nothing. Import it through ``nki_autotune.kernels.nki``, 
 where a release the kernels target is installed; ``nki_autotune.kernels.nki.install()`` puts it in ``sys.modules``
 as ``nki`` (``nki.language``, ``nki.isa``, ``nki.isa.constants``, ``nki.lnc``, ``nki.typing``, ``nki.collectives``)
 where none is, so code written against ``import nki`` runs unchanged.
+
+NKI 0.8 docs cited (Neuron 2.34): ``ANN08`` = about-neuron/announcements/neuron2.x/
+announce-intent-eos-nki-virtualregister-lnc-apis.rst (the deprecations, which point to the 2.34.0 NKI release notes
+and "Migrating from NKI 0.7.0 to NKI 0.8.0"), ``ANN_GRID`` = .../announce-intent-eos-nki-spmd-launch-grid.rst (no
+grid needed; a grid other than the LNC in use is a compile-time error), ``EVRF066`` = compiler/error-codes/
+EVRF066.rst, ``LNC`` = nki/api/nki.lnc.rst and its generated pages (sendrecv, sendrecv_compute, core_barrier).
 """
 
 from ..limits import TARGETS

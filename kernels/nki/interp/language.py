@@ -1,6 +1,7 @@
 """``nki.language`` of the interpreter: buffers, dtypes, tile sizes, allocation, op tokens, helpers, loops.
 
-NKI 0.7 semantics (docs: nki/migration "Migrating from NKI 0.6.0 to NKI 0.7.0", nki/deep-dives/nki-loops.rst):
+NKI 0.7 semantics, unchanged in 0.8 (docs: nki/migration "Migrating from NKI 0.6.0 to NKI 0.7.0",
+nki/deep-dives/nki-loops.rst):
 Python loops are unrolled at specialization; ``affine_range``, ``sequential_range`` and ``static_range`` are
 deprecated aliases of ``range``; ``nl.dynamic_range`` is removed; ``fori_loop`` and ``while_loop`` are compiled
 loops whose index and condition are run-time values.
