@@ -14,6 +14,7 @@ import torch
 import yaml
 from torch._dynamo.utils import counters
 
+from nki_autotune.kernels._cpu import require
 from nki_autotune.registry import (
     Impl,
     Op,
@@ -78,8 +79,9 @@ def _backward(grads, tensors, results, attrs, config, needs):
 
 def _supports(specs, attrs):
     x, w, bias = specs
-    if any(s.dtype != "float32" or not s.is_contiguous for s in (x, w, bias) if s is not None):
-        return "only contiguous float32"
+    why = require(specs, {0: ("float32",), 1: ("float32",), 2: ("float32",)})
+    if why is not None:
+        return why
     if len(x.shape) != 2 or len(w.shape) != 2 or x.shape[1] != w.shape[1] or \
             (bias is not None and bias.shape != w.shape[:1]):
         return "x [n, d], w [v, d], bias [v]"
@@ -99,6 +101,14 @@ IMPL = register_impl(Impl(
     forward_needs=True, saved=3, reads={"x": ("result_1",), "w": ("result_2",), "bias": ("result_3",)},
     space={"rows": (2, 64)}, default={"rows": 2},
 ))
+
+
+PLAIN = register_op(Op(name="sq_loss_plain", reference=reference, tensors=("x", "w", "bias"), optional=("bias",),
+                       attrs={"scale": float | None}, differentiable=("x", "w", "bias")))
+register_impl(Impl(op=PLAIN, name="cpu", backend="cpu", supports=lambda specs, attrs: None,
+                   forward=lambda t, a, c: (reference(*t, a["scale"]),), fake=lambda t, a: (t[0].new_empty(()),)))
+"""The same loss served by an impl with no backward kernel of its own, and so no ``reads``: its backward is the
+reference's gradient, for which every tensor is saved."""
 
 
 def sq_loss(x, w, bias=None, scale=None):
@@ -171,6 +181,17 @@ def test_opcheck(bias, gen):
     needs = 0b111 if bias else 0b011
     torch.library.opcheck(IMPL.fwd_op, (x.requires_grad_(), w.requires_grad_(), b, 0.5, 2, needs))
     torch.library.opcheck(IMPL.fwd_op, (x.detach(), w.detach(), b, None, 4, 0))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_references_gradient_takes_an_absent_tensor_saved_as_none(bias, gen):
+    x, w, b = _inputs(gen, bias)
+    fwd = PLAIN.impls["cpu"].fwd_op
+    leaves = [t.requires_grad_() for t in (x, w, b) if t is not None]
+    got = torch.autograd.grad(fwd(x, w, b, 0.5), leaves)
+    want = torch.autograd.grad(reference(x, w, b, 0.5), leaves)
+    assert len(got) == len(leaves) and all(rel_err(g, r) < 1e-5 for g, r in zip(got, want))
+    torch.library.opcheck(fwd, (x, w, b, None))
 
 
 def test_a_backward_the_forward_was_not_told_of_is_refused(gen):
