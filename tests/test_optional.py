@@ -276,7 +276,8 @@ def test_timing_and_numerics_tell_the_forward_the_keys_needs(profile):
 
 def test_run_tunes_a_profile_with_null_into_a_table_dispatch_follows(profile, tmp_path, switches):
     """The site without bias, tuned in training (the timed regions compiled by Inductor, the kernel told its key's
-    needs), into a table that a call without bias follows and a call with one does not."""
+    needs), into a table that a call without bias follows and a call with one does not. The one test here that
+    spawns the tuner's worker and compiles with Inductor: half a minute on a busy 2-core machine."""
     from nki_autotune.autotune.cli import main
 
     data = yaml.safe_load(profile.read_text())
