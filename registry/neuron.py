@@ -150,7 +150,8 @@ def _probe() -> str | None:
 
 
 _TYPES = {"Tensor": "torch.Tensor", "float": "float", "int": "int", "bool": "bool", "str": "str",
-          "int?": "typing.Optional[int]"}
+          "int?": "typing.Optional[int]", "float?": "typing.Optional[float]",
+          "Tensor?": "typing.Optional[torch.Tensor]"}
 
 
 def typed(fn: Callable[..., Any], schema: str) -> Callable[..., Any]:
