@@ -28,6 +28,7 @@ from ..registry import FormatError, SettingsError, load_profile, load_table, swi
 from ..registry.backend import dist_version
 from ..registry.env import KERNEL_OP, KERNELS, LOG, RECORD, RECORD_SAMPLES, STRICT, TABLE, read_settings
 from ..registry.profile import merge
+from ..registry.specs import short
 from ..registry.table import OBJECTIVES
 from ..registry.yamlio import atomic_write_text, unwritable
 from ..registry.yamlio import load as load_yaml
@@ -75,7 +76,7 @@ class _Bar:
     def key_started(self, key, sites):
         self.best = None
         self.p.update(self.trial, completed=0, total=self.trials,
-                      description=f"{key.op} {' '.join('x'.join(map(str, s.shape)) for s in key.inputs)} {key.mode}")
+                      description=f"{key.op} {' '.join(short(s) for s in key.inputs)} {key.mode}")
 
     def trial_done(self, key, impl, result):
         if not result.failed:
@@ -367,7 +368,7 @@ def cmd_check(args, console: Console) -> int:
         t.add_column(col, overflow="fold")
     failed = 0
     for r in rows:
-        shapes = " ".join(f"{'x'.join(map(str, s.shape))}:{s.dtype}" for s in r.key.inputs)
+        shapes = " ".join(short(s) + (f":{s.dtype}" if s else "") for s in r.key.inputs)
         if r.skipped:
             t.add_row(r.impl, "-", shapes, r.key.mode, "-", "-", f"[dim]skipped: {r.skipped}[/]")
             continue

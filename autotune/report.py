@@ -7,6 +7,7 @@ from typing import Any
 from rich.table import Table as RichTable
 
 from ..registry import Entry, Key, Table
+from ..registry.specs import short
 from ..registry.table import stale_reason
 
 
@@ -14,11 +15,13 @@ def _shapes(key: Key) -> str:
     """Shapes, with ``*`` on an input that is not contiguous and ``'`` on one whose gradient is not asked for
     in a training key (a frozen weight)."""
     def one(s) -> str:
+        if s is None:
+            return short(s)
         mark = ("*" if s.strides is not None else "") + ("'" if key.mode == "training" and s.is_float
                                                             and not s.requires_grad else "")
-        return ("x".join(map(str, s.shape)) or "()") + mark
+        return short(s) + mark
 
-    return " ".join(one(s) for s in key.inputs) + f" {key.inputs[0].dtype}"
+    return " ".join(one(s) for s in key.inputs) + f" {key.present[0].dtype}"
 
 
 def flags(table: Table) -> dict[int, str]:
