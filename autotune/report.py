@@ -56,8 +56,8 @@ def _num(m: dict[str, Any], k: str, fmt: str = "{:.1f}") -> str:
 def summary(table: Table, title: str = "") -> RichTable:
     marks = flags(table)
     t = RichTable(title=title or None, show_lines=False)
-    for col in ("#", "op", "sites", "mode", "shapes", "kernel us", "compiler us", "speedup", "95% CI", "error",
-                "decision"):
+    for col in ("#", "op", "sites", "mode", "shapes", "kernel us", "compiler us", "speedup", "95% CI", "kernel MiB",
+                "compiler MiB", "error", "decision"):
         t.add_column(col, overflow="fold")
     for i, e in enumerate(table.entries):
         m = e.measured
@@ -68,6 +68,7 @@ def summary(table: Table, title: str = "") -> RichTable:
             note = " [red]" + " ".join(n.split(":")[0].upper() for n in marks[i].split("; ")) + "[/]"
         t.add_row(str(i), e.key.op, sites, e.key.mode, _shapes(e.key), _num(m, "kernel_us"), _num(m, "compiler_us"),
                   _num(m, "speedup", "{:.2f}x"), f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-",
+                  _num(m, "kernel_peak_mib", "{:g}"), _num(m, "compiler_peak_mib", "{:g}"),
                   _num(m, "rel_err", "{:.1e}") if isinstance(m.get("rel_err"), float) else "-", _choice(e) + note)
     return t
 

@@ -31,6 +31,8 @@ READS = (1, 2)
 _TOP = ("version", "fingerprint", "created", "entries")
 _ENTRY = ("op", "mode", "inputs", "attrs", "sites", "choice", "source", "module", "measured", "reason")
 _LAYOUT = ("strides", "grad")
+OBJECTIVES = ("time", "memory")
+"""What the tuner decided an entry for (``measured.objective``; absent in older tables: time)."""
 
 
 def _default_grad(mode: str, spec: TensorSpec) -> bool:
@@ -194,12 +196,15 @@ def _measured(f: Fields) -> dict[str, Any]:
     def number(v: Any) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
 
-    for k in ("kernel_us", "compiler_us", "speedup", "tolerance"):  # null where nothing was measured
+    for k in ("kernel_us", "compiler_us", "speedup", "tolerance", "kernel_peak_mib", "compiler_peak_mib"):
+        # null where nothing was measured; the peaks are absent from tables written before they were measured
         if m.get(k) is not None and not number(m[k]):
             raise f.fail(f"measured.{k}", f"expected a number, got {m[k]!r}")
     ci = m.get("ci95")
     if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(number(v) for v in ci)):
         raise f.fail("measured.ci95", f"expected [low, high], two numbers, got {ci!r}")
+    if m.get("objective", "time") not in OBJECTIVES:
+        raise f.fail("measured.objective", f"{m['objective']!r} is not allowed; use one of: {', '.join(OBJECTIVES)}")
     if not isinstance(m.get("calibration") or {}, dict):
         raise f.fail("measured.calibration", f"expected a mapping, got {m['calibration']!r}")
     return m
