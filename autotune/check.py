@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..registry import Impl, Key, TensorSpec, backends, ops
+from ..registry import Impl, Key, Op, TensorSpec, backends, ops
 from .numerics import Numerics, check_impl
 
 
@@ -36,9 +36,16 @@ def _device(impl: Impl) -> tuple[str | None, str]:
     return None, b.why_unavailable() or ""
 
 
+def example_key(op: Op, inputs: tuple, extra: dict, mode: str) -> Key:
+    """The key of one of ``op.examples`` in ``mode``: inputs as (shape, dtype) pairs, None for an absent optional
+    tensor; attributes beyond the op's defaults."""
+    specs = tuple(None if item is None else TensorSpec(*item) for item in inputs)
+    return Key.of(op, specs, {**op.defaults, **extra}, mode)
+
+
 def check_all(names: tuple[str, ...] | None = None, seed: int = 0, backend: str | None = None) -> list[CheckRow]:
-    """Every impl (of ``backend`` only, when given) on its op's examples, in both modes where the op has a
-    gradient."""
+    """Every impl (of ``backend`` only, when given) on its op's examples (an example input may be None: an absent
+    optional tensor), in both modes where the op has a gradient."""
     rows = []
     gen = torch.Generator().manual_seed(seed)
     for op in ops().values():
@@ -49,10 +56,8 @@ def check_all(names: tuple[str, ...] | None = None, seed: int = 0, backend: str 
                 continue
             device, how = _device(impl)
             for inputs, extra in op.examples:
-                attrs = {**op.defaults, **extra}
-                specs = tuple(TensorSpec(shape, dtype) for shape, dtype in inputs)
                 for mode in ("inference", "training") if op.differentiable else ("inference",):
-                    key = Key.of(op, specs, attrs, mode)
+                    key = example_key(op, inputs, extra, mode)
                     if device is None:
                         rows.append(CheckRow(impl.qualname, key, None, skipped=how))
                         continue

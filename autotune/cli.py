@@ -28,6 +28,8 @@ from ..registry import FormatError, SettingsError, load_profile, load_table, swi
 from ..registry.backend import dist_version
 from ..registry.env import KERNEL_OP, KERNELS, LOG, RECORD, RECORD_SAMPLES, STRICT, TABLE, read_settings
 from ..registry.profile import merge
+from ..registry.specs import short
+from ..registry.table import OBJECTIVES
 from ..registry.yamlio import atomic_write_text, unwritable
 from ..registry.yamlio import load as load_yaml
 from . import report
@@ -74,7 +76,7 @@ class _Bar:
     def key_started(self, key, sites):
         self.best = None
         self.p.update(self.trial, completed=0, total=self.trials,
-                      description=f"{key.op} {' '.join('x'.join(map(str, s.shape)) for s in key.inputs)} {key.mode}")
+                      description=f"{key.op} {' '.join(short(s) for s in key.inputs)} {key.mode}")
 
     def trial_done(self, key, impl, result):
         if not result.failed:
@@ -120,8 +122,8 @@ def cmd_run(args, console: Console) -> int:
         unknown = [o for o in wanted if o not in registered]
         if unknown:
             raise UsageError(f"--ops names unknown op(s) {', '.join(unknown)}; known: {', '.join(sorted(registered))}")
-    options = Options(trials=args.trials, threshold=args.threshold, seed=args.seed, budget_s=args.budget,
-                      mode=args.mode, ops=wanted,
+    options = Options(trials=args.trials, threshold=args.threshold, objective=args.objective, seed=args.seed,
+                      budget_s=args.budget, mode=args.mode, ops=wanted,
                       search_rounds=args.rounds, final_rounds=args.final_rounds, retries=args.retries,
                       pause_s=args.pause)
     storage_url = args.storage or default_storage()
@@ -366,7 +368,7 @@ def cmd_check(args, console: Console) -> int:
         t.add_column(col, overflow="fold")
     failed = 0
     for r in rows:
-        shapes = " ".join(f"{'x'.join(map(str, s.shape))}:{s.dtype}" for s in r.key.inputs)
+        shapes = " ".join(short(s) + (f":{s.dtype}" if s else "") for s in r.key.inputs)
         if r.skipped:
             t.add_row(r.impl, "-", shapes, r.key.mode, "-", "-", f"[dim]skipped: {r.skipped}[/]")
             continue
@@ -415,26 +417,32 @@ def cmd_verify(args, console: Console) -> int:
     except StepError as e:
         raise UsageError(str(e)) from None
     t = RichTable(title=f"full training step under {args.table}")
-    for col in ("variant", "ms/step (median)", "loss vs off", "gradients vs off"):
+    for col in ("variant", "ms/step (median)", "peak MiB", "loss vs off", "gradients vs off"):
         t.add_column(col)
     for name, row in r.variants.items():
         num = r.numerics.get(name, {})
         fmt = "{:.1e}".format
-        t.add_row(name, f"{row['ms_per_step']:.2f}", fmt(num["loss_rel_diff"]) if "loss_rel_diff" in num else "-",
+        t.add_row(name, f"{row['ms_per_step']:.2f}", _mib(row["peak_mib"]),
+                  fmt(num["loss_rel_diff"]) if "loss_rel_diff" in num else "-",
                   fmt(num["grad_rel_diff"]) if "grad_rel_diff" in num else "-")
     console.print(t)
     for name, s in r.speedups.items():
-        console.print(f"  speedup of {name}: {s['speedup']:.3f}x (95% CI {s['ci95'][0]:.3f}-{s['ci95'][1]:.3f})")
+        ratio = r.memory.get(name)
+        console.print(f"  speedup of {name}: {s['speedup']:.3f}x (95% CI {s['ci95'][0]:.3f}-{s['ci95'][1]:.3f})"
+                      + ("" if ratio is None else f"; peak memory {ratio:.3f}x"))
     if r.entries:
-        e = RichTable(title="each enabled entry switched off alone")
-        for col in ("#", "entry", "impl", "predicted ms/step", "realized ms/step", "95% CI", "pays"):
+        e = RichTable(title="each enabled entry switched off alone (saving: the step without it minus with it)")
+        for col in ("#", "entry", "impl", "predicted ms/step", "realized ms/step", "95% CI", "realized peak MiB",
+                    "pays"):
             e.add_column(col, overflow="fold")
         for row in r.entries:
             lo, hi = row["realized_ci95"]
             pred = "-" if row["predicted_ms"] is None else f"{row['predicted_ms']:+.3f}"
+            peak = "-" if row["realized_peak_mib"] is None else f"{row['realized_peak_mib']:+.4g}"
+            spans = " (median; its interval spans 0)" if lo <= 0 <= hi and row["objective"] == "time" else ""
             e.add_row(str(row["entry"]), row["key"], row["impl"], pred, f"{row['realized_ms']:+.3f}",
-                      f"{lo:+.3f} to {hi:+.3f}", ("[green]yes[/]" if row["kept"] else "[red]no[/]")
-                      + (" (median; its interval spans 0)" if lo <= 0 <= hi else ""))
+                      f"{lo:+.3f} to {hi:+.3f}", peak, ("[green]yes[/]" if row["kept"] else "[red]no[/]") + spans
+                      + (" (objective memory)" if row["objective"] == "memory" else ""))
         console.print(e)
     console.print(("[red]" if r.slower else "[green]") + r.verdict + "[/]")
     if r.ceiling and r.ceiling["speedup"]:
@@ -459,6 +467,10 @@ def cmd_verify(args, console: Console) -> int:
         dropped = sum(1 for row in r.entries if not row["kept"])
         console.print(f"wrote {args.output}: {dropped} entr{'y' if dropped == 1 else 'ies'} sent back to the compiler")
     return 1 if r.slower or not r.numerics_ok else 0
+
+
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
 
 
 # -- selftest ---------------------------------------------------------------------------------------------------
@@ -531,7 +543,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--storage", default=None, help="Optuna storage URL (sqlite, postgresql, mysql, journal:///path)")
     r.add_argument("--ops", default=None, help="comma-separated ops to tune (default: all)")
     r.add_argument("--threshold", type=_at_least(1.0, float), default=1.05,
-                   help="minimum median speedup to enable a kernel")
+                   help="minimum median speedup to enable a kernel (objective time)")
+    r.add_argument("--objective", choices=OBJECTIVES, default="time",
+                   help="time: enable a kernel where it is faster; memory: where it lowers the peak memory of its "
+                        "region by 10%% or more and is not slower (its speedup interval does not lie below 1)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--rounds", type=_at_least(3), default=15, help="timed rounds per trial")
     r.add_argument("--final-rounds", type=_at_least(MIN_ROUNDS), default=40,

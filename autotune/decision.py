@@ -1,11 +1,25 @@
-"""The decision rule (DESIGN §6.5) and the table entry that records it."""
+"""The decision rule (DESIGN §6.5) and the table entry that records it.
+
+Two objectives. ``time`` (the default): the fastest kernel whose median speedup is at least the threshold and
+whose 95% interval lies above 1. ``memory``: the kernel with the lowest peak memory over its region among those
+whose peak is at most ``MEMORY_RATIO`` of the compiler's and that are not slower, that is whose speedup interval
+does not lie below 1 (its upper bound is at least 1: not measured slower, the rule ``verify`` applies to a whole
+table). Either way the machine was quiet while it was measured, and the entry records the objective that chose it.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..registry import Entry, Impl, Key
+from ..registry.table import OBJECTIVES
+from .search import TrialResult
+
+MEMORY_RATIO = 0.9
+"""Under the memory objective a kernel's peak must be at most this share of the compiler's: 10% lower or more."""
 
 
 @dataclass(frozen=True)
@@ -15,22 +29,47 @@ class Candidate:
     impl: str
     config: dict[str, int]
     measured: dict[str, Any]
-    """kernel_us, compiler_us, speedup, ci95, rounds, region, calibration, rel_err, tolerance, trials, compile_s;
-    without ``speedup`` when no time could be measured (``not_measurable`` or ``error`` says why)."""
+    """kernel_us, compiler_us, speedup, ci95, rounds, region, calibration, kernel_peak_mib, compiler_peak_mib,
+    rel_err, tolerance, trials, compile_s; without ``speedup`` when no time could be measured (``not_measurable``
+    or ``error`` says why)."""
     numerics_ok: bool
 
 
+def peak_ratio(measured: dict[str, Any]) -> float | None:
+    """The kernel's peak memory over its region as a share of the compiler's (None where either is missing)."""
+    k, c = measured.get("kernel_peak_mib"), measured.get("compiler_peak_mib")
+    if not isinstance(k, (int, float)) or not isinstance(c, (int, float)) or c <= 0:
+        return None
+    return k / c
+
+
+def best_trial(results: Sequence[TrialResult], order: dict[str, int], objective: str = "time") -> TrialResult:
+    """The config of one impl that gets the final comparison, from its trials that passed: the fastest (time); the
+    one with the lowest peak among those not slower in their trial, else the fastest (memory). Ties go to the
+    config listed first (``order``), so every worker picks the same one."""
+    def first(r: TrialResult) -> int:
+        return -order.get(str(sorted(r.config.items())), 0)
+
+    if objective == "memory":
+        small = [r for r in results if r.speedup >= 1.0 and isinstance(r.info.get("kernel_peak_mib"), (int, float))]
+        if small:
+            return max(small, key=lambda r: (-r.info["kernel_peak_mib"], r.speedup, first(r)))
+    return max(results, key=lambda r: (r.speedup, first(r)))
+
+
 def decide(key: Key, candidates: list[Candidate], threshold: float, sites: list[str], impls: dict[str, Impl],
-           no_candidate_reason: str = "") -> Entry:
-    """Enable the fastest numerically-correct impl whose median speedup is >= threshold, whose 95% interval lies
-    above 1, and which was measured on a quiet machine; if none is, the compiler, with the fastest one's reason."""
+           no_candidate_reason: str = "", objective: str = "time") -> Entry:
+    """Enable the best numerically-correct impl that passes the ``objective``'s rule (the module's docstring) and
+    was measured on a quiet machine; if none does, the compiler, with the best one's reason."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective {objective!r} is not one of: {', '.join(OBJECTIVES)}")
     if not candidates:
         return Entry(key, None, sites=sites, reason=no_candidate_reason or "no impl was measured")
 
     def entry(c: Candidate, impl: str | None, measured: dict, reason: str) -> Entry:
         tuned = impls[c.impl]
-        return Entry(key, impl, dict(c.config) if impl else {}, sites, tuned.source_hash, measured, reason,
-                     tuned.module)
+        return Entry(key, impl, dict(c.config) if impl else {}, sites, tuned.source_hash,
+                     {**measured, "objective": objective}, reason, tuned.module)
 
     correct = [c for c in candidates if c.numerics_ok]
     if not correct:
@@ -54,27 +93,61 @@ def decide(key: Key, candidates: list[Candidate], threshold: float, sites: list[
             return entry(c, None, m, f"not measurable at this size: {why}")
         return entry(c, None, m, f"{c.impl} could not be timed: {c.measured.get('error') or 'no time was measured'}")
 
+    memory = objective == "memory"
+
     def passes(c: Candidate) -> bool:
         m = c.measured
-        return (m.get("calibration") or {}).get("disturbed") is None and m["speedup"] >= threshold \
-            and m["ci95"][0] > 1.0
+        if (m.get("calibration") or {}).get("disturbed") is not None:
+            return False
+        if memory:
+            return _memory_refusal(c) is None
+        return m["speedup"] >= threshold and m["ci95"][0] > 1.0
 
-    # the fastest impl that passes; if none does, the reason is the fastest one's
-    best = max([c for c in timed if passes(c)] or timed, key=lambda c: c.measured["speedup"])
+    def rank(c: Candidate) -> tuple:
+        ratio = peak_ratio(c.measured)
+        return (-(math.inf if ratio is None else ratio), c.measured["speedup"]) if memory \
+            else (c.measured["speedup"],)
+
+    # the best impl that passes; if none does, the reason is the best one's
+    best = max([c for c in timed if passes(c)] or timed, key=rank)
     m = best.measured
     lo, hi = m["ci95"]
     ci = f"95% CI {lo:.2f}-{hi:.2f}"
     err = f"error {_err(m['rel_err'])} within {m['tolerance']:.0e}"
     disturbed = (m.get("calibration") or {}).get("disturbed")
     if passes(best):
-        return entry(best, best.impl, m, f"faster {m['speedup']:.2f}x ({ci}), {err}")
+        return entry(best, best.impl, m, f"objective memory: peak {_peaks(m)}, not slower {m['speedup']:.2f}x "
+                     f"({ci}), {err}" if memory else f"faster {m['speedup']:.2f}x ({ci}), {err}")
     if disturbed is not None:
         why = f"best kernel {best.impl} {m['speedup']:.2f}x ({ci}) was measured on a disturbed machine ({disturbed})"
+        why = f"objective memory: {why}" if memory else why
+    elif memory:
+        why = f"objective memory: {_memory_refusal(best)}"
     elif m["speedup"] < threshold:
         why = f"best kernel {best.impl} {m['speedup']:.2f}x ({ci}) is below the threshold {threshold:.2f}x"
     else:
         why = f"best kernel {best.impl} {m['speedup']:.2f}x but its {ci} reaches 1"
     return entry(best, None, {**m, "impl": best.impl, "config": dict(best.config)}, why)
+
+
+def _peaks(m: dict[str, Any]) -> str:
+    return f"{peak_ratio(m):.2f}x the compiler's ({m['kernel_peak_mib']:g} of {m['compiler_peak_mib']:g} MiB)"
+
+
+def _memory_refusal(c: Candidate) -> str | None:
+    """Why the memory objective refuses ``c`` (a disturbed machine aside), or None where it passes."""
+    m = c.measured
+    ratio = peak_ratio(m)
+    if ratio is None:
+        return f"the peak memory of best kernel {c.impl} was not measured" + \
+            (f": {m['peak_error']}" if m.get("peak_error") else "")
+    if ratio > MEMORY_RATIO:
+        return f"best kernel {c.impl}'s peak is {_peaks(m)}, above {MEMORY_RATIO:.2f}x"
+    lo, hi = m["ci95"]
+    if hi < 1.0:
+        return f"best kernel {c.impl}'s peak is {_peaks(m)} but it is slower: {m['speedup']:.2f}x (95% CI " \
+               f"{lo:.2f}-{hi:.2f} lies below 1)"
+    return None
 
 
 def _err(x: Any) -> str:

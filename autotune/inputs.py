@@ -25,11 +25,15 @@ def laid_out(t: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
 
 
 def make_inputs(op: Op, key: Key, gen: torch.Generator, samples: dict | None = None, device: str = "cpu",
-                **options) -> list[torch.Tensor]:
-    """Fresh inputs of ``key`` on ``device``, in its layouts; those whose gradient it asks for are leaves."""
+                **options) -> list[torch.Tensor | None]:
+    """Fresh inputs of ``key`` on ``device``, in its layouts; those whose gradient it asks for are leaves. None
+    where the key has None (an absent optional tensor)."""
     values = op.make_inputs(key, gen, samples, **options)
     out = []
     for t, spec in zip(values, key.inputs):
+        if spec is None:
+            out.append(None)
+            continue
         t = laid_out(t.detach().to(device), spec)
         out.append(t.requires_grad_() if spec.requires_grad else t)
     return out

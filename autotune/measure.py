@@ -3,7 +3,8 @@
 ``LocalBench`` is what a worker process runs (``worker.IsolatedBench`` sends it requests), and what tests run
 in-process with an injected clock. It keeps the current key's compiled compiler and empty regions warm across
 trials, and holds a machine-wide lock while it times, so workers sharing a machine never time at the same
-moment (compiling still overlaps).
+moment (compiling still overlaps). After timing, still under the lock, it runs the kernel's region and (once per
+key) the compiler's once more, untimed, to measure each one's peak memory (``memory.peak_bytes``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import fcntl
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ import torch
 from ..registry import Backend, Key, get_op
 from .calibration import Calibration
 from .inputs import load_samples
+from .memory import mib, peak_bytes
 from .numerics import check_impl
 from .search import TrialResult
 from .timing import Clock, Runner, Workload, choose_calls, comparison, interleave
@@ -68,17 +70,33 @@ class _Bench:
     compiler: Runner
     empty: Runner
     kernels: dict[str, Runner] = field(default_factory=dict)
+    compiler_peak: int | None = None
+    """Bytes, measured once per key: every kernel of the key is compared with the same compiler region."""
 
 
 def _sig(x: float, digits: int = 4) -> float:
     return float(f"{x:.{digits}g}")
 
 
+def region_peak(backend: Backend) -> Callable[[Runner], int]:
+    """The peak bytes of one untimed step of a region on ``backend`` (the injected seam, as the clock is)."""
+    def peak(runner: Runner) -> int:
+        def step() -> None:
+            runner.step(0)  # input set 0: its output gradients exist since the region was built
+            backend.synchronize()
+
+        return peak_bytes(step, backend.device)
+
+    return peak
+
+
 class LocalBench:
     def __init__(self, backend: Backend, options: MeasureOptions, clock: Clock | None = None,
-                 calibration: Calibration | None = None, lock=machine_lock, say=lambda message: None):
+                 calibration: Calibration | None = None, lock=machine_lock, say=lambda message: None,
+                 peak: Callable[[Runner], int] | None = None):
         self.backend, self.options = backend, options
         self.clock = clock or Clock(backend.synchronize)
+        self.peak = peak or region_peak(backend)
         self.calibration = calibration or Calibration(backend, self.clock)
         self.lock, self.say = lock, say
         self._key: Key | None = None
@@ -128,6 +146,19 @@ class LocalBench:
                        seed=self.options.seed + rounds)
         return comparison(t, runner.name, b.workload.calls, seed=self.options.seed)
 
+    def _peaks(self, runner: Runner) -> dict[str, Any]:
+        """Each side's peak memory over its region, in MiB (the caller holds the machine lock: the untimed pass
+        still loads the machine). A failure to measure it is recorded, never a failed config."""
+        b = self._bench
+        try:
+            if b.compiler_peak is None:
+                b.compiler_peak = self.peak(b.compiler)
+            if b.compiler_peak == 0:  # the compiler's region makes its outputs: nothing seen is nothing reported
+                return {"peak_error": f"no allocation on {self.backend.device} was reported to the profiler"}
+            return {"kernel_peak_mib": mib(self.peak(runner)), "compiler_peak_mib": mib(b.compiler_peak)}
+        except Exception as e:
+            return {"peak_error": f"{type(e).__name__}: {str(e)[:300]}"}
+
     # -- requests ------------------------------------------------------------------------------------------
     def trial(self, key: Key, impl_name: str, config: dict[str, int], samples: str | None = None) -> TrialResult:
         """Numerics of one config against the float64 reference, then its time against the compiler's."""
@@ -146,7 +177,7 @@ class LocalBench:
             info["compile_s"] = round(runner.compile_s, 3)
             with self.lock():
                 m = self._measure(runner, self.options.search_rounds)
-            info.update(kernel_us=m["kernel_us"], compiler_us=m["compiler_us"])
+                info.update(kernel_us=m["kernel_us"], compiler_us=m["compiler_us"], **self._peaks(runner))
             if "not_measurable" in m:
                 info["error"] = f"not measurable: {m['not_measurable']}"
                 return TrialResult(config, None, info)
@@ -176,6 +207,8 @@ class LocalBench:
                 break
             self.say(f"{key.label()}: machine disturbed ({why}); measuring again in {self.options.pause_s:.0f} s")
             time.sleep(self.options.pause_s)
+        with self.lock():
+            m.update(self._peaks(runner))
         m["compile_s"] = {"kernel": round(runner.compile_s, 3), "compiler": round(self._bench.compiler.compile_s, 3)}
         return m
 

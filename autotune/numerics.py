@@ -16,7 +16,7 @@ TOLERANCE = {"float32": 1e-5, "float64": 1e-5, "bfloat16": 1e-2, "float16": 1e-3
 
 def tolerance(key: Key) -> float:
     """The loosest dtype among the float inputs sets the bar (float32 when there is none)."""
-    tols = [TOLERANCE[s.dtype] for s in key.inputs if s.dtype in TOLERANCE]
+    tols = [TOLERANCE[s.dtype] for s in key.present if s.dtype in TOLERANCE]
     return max(tols, default=TOLERANCE["float32"])
 
 
@@ -62,20 +62,21 @@ def _outputs(out) -> tuple:
 def compare(op: Op, key: Key, fn: Callable[..., tuple], gen: torch.Generator, device: str = "cpu",
             samples: dict | None = None) -> Numerics:
     """Run ``fn`` (the candidate: tensors -> outputs) and the float64 reference on the same fresh inputs, in the
-    key's layouts; gradients are compared for the inputs whose gradient the key asks for."""
+    key's layouts; gradients are compared for the inputs whose gradient the key asks for (an absent optional
+    input is None on both sides, with nothing to compare)."""
     inputs = make_inputs(op, key, gen, samples)
     diff = list(key.grads)
     attrs = tuple(key.attr_dict[a] for a in op.attrs)
 
-    ref_in = [t.detach().double().requires_grad_(i in diff) if t.is_floating_point() else t.detach()
-              for i, t in enumerate(inputs)]
+    ref_in = [None if t is None else t.detach().double().requires_grad_(i in diff) if t.is_floating_point()
+              else t.detach() for i, t in enumerate(inputs)]
     ref_out = _outputs(op.reference(*ref_in, *attrs))
     grad_gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
     seeds = [torch.randn(o.shape, generator=grad_gen, dtype=torch.float64) for o in ref_out]
     ref_starts, ref_seeds = carrying_gradients(ref_out, seeds)
     ref_grads = torch.autograd.grad(ref_starts, [ref_in[i] for i in diff], ref_seeds) if diff else ()
 
-    cand_in = [laid_out(t.detach().to(device), s).requires_grad_(i in diff)
+    cand_in = [None if t is None else laid_out(t.detach().to(device), s).requires_grad_(i in diff)
                for i, (t, s) in enumerate(zip(inputs, key.inputs))]
     with poisoned():
         out = fn(*cand_in)
@@ -89,8 +90,8 @@ def compare(op: Op, key: Key, fn: Callable[..., tuple], gen: torch.Generator, de
 
 def check_impl(impl: Impl, key: Key, config: dict, gen: torch.Generator, device: str = "cpu",
                samples: dict | None = None) -> Numerics:
-    """The numerics of one impl at one config, called through its custom op."""
-    op, attrs, cfg = impl.op, tuple(key.attr_dict[a] for a in impl.op.attrs), impl.config_values(config)
+    """The numerics of one impl at one config, called through its custom op (told the key's needs)."""
+    op, attrs, cfg = impl.op, tuple(key.attr_dict[a] for a in impl.op.attrs), impl.call_args(config, key)
     n_res = op.outputs + impl.saved
 
     def fn(*ts):

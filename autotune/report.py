@@ -7,6 +7,7 @@ from typing import Any
 from rich.table import Table as RichTable
 
 from ..registry import Entry, Key, Table
+from ..registry.specs import short
 from ..registry.table import stale_reason
 
 
@@ -14,11 +15,13 @@ def _shapes(key: Key) -> str:
     """Shapes, with ``*`` on an input that is not contiguous and ``'`` on one whose gradient is not asked for
     in a training key (a frozen weight)."""
     def one(s) -> str:
+        if s is None:
+            return short(s)
         mark = ("*" if s.strides is not None else "") + ("'" if key.mode == "training" and s.is_float
                                                             and not s.requires_grad else "")
-        return ("x".join(map(str, s.shape)) or "()") + mark
+        return short(s) + mark
 
-    return " ".join(one(s) for s in key.inputs) + f" {key.inputs[0].dtype}"
+    return " ".join(one(s) for s in key.inputs) + f" {key.present[0].dtype}"
 
 
 def flags(table: Table) -> dict[int, str]:
@@ -53,8 +56,8 @@ def _num(m: dict[str, Any], k: str, fmt: str = "{:.1f}") -> str:
 def summary(table: Table, title: str = "") -> RichTable:
     marks = flags(table)
     t = RichTable(title=title or None, show_lines=False)
-    for col in ("#", "op", "sites", "mode", "shapes", "kernel us", "compiler us", "speedup", "95% CI", "error",
-                "decision"):
+    for col in ("#", "op", "sites", "mode", "shapes", "kernel us", "compiler us", "speedup", "95% CI", "kernel MiB",
+                "compiler MiB", "error", "decision"):
         t.add_column(col, overflow="fold")
     for i, e in enumerate(table.entries):
         m = e.measured
@@ -65,6 +68,7 @@ def summary(table: Table, title: str = "") -> RichTable:
             note = " [red]" + " ".join(n.split(":")[0].upper() for n in marks[i].split("; ")) + "[/]"
         t.add_row(str(i), e.key.op, sites, e.key.mode, _shapes(e.key), _num(m, "kernel_us"), _num(m, "compiler_us"),
                   _num(m, "speedup", "{:.2f}x"), f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-",
+                  _num(m, "kernel_peak_mib", "{:g}"), _num(m, "compiler_peak_mib", "{:g}"),
                   _num(m, "rel_err", "{:.1e}") if isinstance(m.get("rel_err"), float) else "-", _choice(e) + note)
     return t
 

@@ -142,15 +142,17 @@ def _measured(t: FrozenTrial) -> bool:
     return t.state == TrialState.COMPLETE or (t.state == TrialState.FAIL and "info" in t.user_attrs)
 
 
-def _disturbed(t: FrozenTrial) -> bool:
-    """A final comparison measured on a disturbed machine: kept, but measured again by the next run."""
+def _again(t: FrozenTrial) -> bool:
+    """A final comparison measured on a disturbed machine, or timed without the peak memory of each side (by an
+    earlier version): kept, but measured again by the next run."""
     measured = t.user_attrs.get("info", {}).get("measured", {})
-    return bool((measured.get("calibration") or {}).get("disturbed"))
+    unpeaked = "speedup" in measured and "kernel_peak_mib" not in measured and "peak_error" not in measured
+    return bool((measured.get("calibration") or {}).get("disturbed")) or unpeaked
 
 
 def _holds(t: FrozenTrial) -> bool:
-    """Stands for its config: done (on a quiet machine, for a final), running, or waiting for a worker."""
-    return (_measured(t) and not _disturbed(t)) or t.state in (TrialState.RUNNING, TrialState.WAITING)
+    """Stands for its config: done (and not to be measured again, for a final), running, or waiting for a worker."""
+    return (_measured(t) and not _again(t)) or t.state in (TrialState.RUNNING, TrialState.WAITING)
 
 
 def handlers(evaluate: Callable[[dict[str, int]], TrialResult],
@@ -353,8 +355,9 @@ class Search:
               stop: Callable[[], bool] = lambda: False) -> dict[str, Any] | None:
         """The stored final comparison of ``config``, measured here if no worker has; None while another
         worker is measuring it (or when ``stop`` ended the wait with none stored). One measured on a disturbed
-        machine is measured again, once per run: its result stands only if it was measured during this run (here
-        or by a concurrent worker), or if ``stop`` leaves no time to measure it again."""
+        machine, or without peak memory, is measured again, once per run: its result stands only if it was
+        measured during this run (here or by a concurrent worker), or if ``stop`` leaves no time to measure it
+        again."""
         study = self.study(key, impl)
         cid = _config_id(config)
         here: list[bool] = []  # measured by this worker: this run's, whatever the clocks say
@@ -369,7 +372,7 @@ class Search:
             mine = sorted((t for t in trials if _kind(t) == FINAL and _config_id(t.user_attrs.get("config") or {})
                            == cid), key=lambda t: t.number)
             done = [t for t in mine if _measured(t)]
-            quiet = [t for t in done if not _disturbed(t)]
+            quiet = [t for t in done if not _again(t)]
             recent = any(t.datetime_complete is not None and t.datetime_complete >= self.began for t in done)
             if quiet or (done and (here or recent or stop())):
                 return dict((quiet or done)[-1 if not quiet else 0].user_attrs["info"]["measured"])

@@ -23,7 +23,8 @@ import torch
 
 from ..registry import Backend, Impl, Key, Profile, Site, TensorSpec, get_backend, ops
 from ..registry.backend import dist_version
-from .check import check_all
+from ..registry.specs import short
+from .check import check_all, example_key
 from .inputs import make_inputs
 from .measure import LocalBench
 from .numerics import rel_err, tolerance
@@ -70,7 +71,7 @@ def _impls(backend: Backend, names: tuple[str, ...] | None) -> list[Impl]:
 def numerics(backend: Backend, names: tuple[str, ...] | None, seed: int) -> list[Step]:
     steps = []
     for row in check_all(names, seed=seed, backend=backend.name):
-        shapes = " ".join(f"{'x'.join(map(str, s.shape))}:{s.dtype}" for s in row.key.inputs)
+        shapes = " ".join(short(s) + (f":{s.dtype}" if s else "") for s in row.key.inputs)
         name = f"numerics {row.impl} {shapes} {row.key.mode}"
         if row.skipped:
             steps.append(Step(name, SKIP, row.skipped))
@@ -84,8 +85,7 @@ def numerics(backend: Backend, names: tuple[str, ...] | None, seed: int) -> list
 def _first_key(impl: Impl) -> Key | None:
     op = impl.op
     for inputs, extra in op.examples:
-        specs = tuple(TensorSpec(shape, dtype) for shape, dtype in inputs)
-        key = Key.of(op, specs, {**op.defaults, **extra}, "inference")
+        key = example_key(op, inputs, extra, "inference")
         if impl.supports(key.inputs, key.attr_dict) is None and impl.configs(key):
             return key
     return None
@@ -103,7 +103,7 @@ def compiled(backend: Backend, names: tuple[str, ...] | None, seed: int) -> list
         try:
             op = impl.op
             inputs = make_inputs(op, key, torch.Generator().manual_seed(seed), device=backend.device)
-            attrs, cfg = [key.attr_dict[a] for a in op.attrs], impl.config_values(None)
+            attrs, cfg = [key.attr_dict[a] for a in op.attrs], impl.call_args(None, key)
 
             def fn(*ts, impl=impl, attrs=attrs, cfg=cfg):
                 out = impl.fwd_op(*ts, *attrs, *cfg)

@@ -88,7 +88,7 @@ class Workload:
             self._inputs.append(tuple(flat))
 
     def bytes_per_call(self) -> int:
-        return sum(s.numel * torch.empty((), dtype=getattr(torch, s.dtype)).element_size() for s in self.key.inputs)
+        return sum(s.numel * torch.empty((), dtype=getattr(torch, s.dtype)).element_size() for s in self.key.present)
 
     def _region(self, name: str, body: Callable[..., Sequence[torch.Tensor]], inputs: list[tuple]) -> Runner:
         """Compile ``body(*tensors)`` (one call's outputs) into a region over ``calls`` calls of ``inputs``."""
@@ -107,7 +107,7 @@ class Workload:
             flat = inputs[i % len(inputs)]
             outs = compiled(*flat)
             if self.training:
-                leaves = [t for t in flat if t.requires_grad]
+                leaves = [t for t in flat if t is not None and t.requires_grad]
                 if i % len(inputs) not in seeds:
                     seeds[i % len(inputs)] = output_gradients(outs, self.seed + 7)
                 starts, starts_seeds = carrying_gradients(outs, seeds[i % len(inputs)])
@@ -128,7 +128,7 @@ class Workload:
         return self._region("compiler", body, self._inputs)
 
     def kernel(self, impl: Impl, config: dict[str, int]) -> Runner:
-        fwd, attrs, cfg = impl.fwd_op, self.attrs, impl.config_values(config)
+        fwd, attrs, cfg = impl.fwd_op, self.attrs, impl.call_args(config, self.key)
         n_out, n_res = self.op.outputs, self.op.outputs + impl.saved
 
         def body(*ts):
@@ -142,11 +142,13 @@ class Workload:
     def empty(self) -> Runner:
         """A region of the same arity with next to no work: its time is the fixed cost of the region.
 
-        Each input is a one-element tensor (float where the key's is, needing a gradient where the key's does);
-        each output is a one-element sum of the call's floating-point inputs."""
+        Each input is a one-element tensor (float where the key's is, needing a gradient where the key's does;
+        None where the key's is absent); each output is a one-element sum of the call's floating-point inputs."""
         device, n_out = self.backend.device, self.op.outputs
 
         def tiny(spec):
+            if spec is None:
+                return None
             if not spec.is_float:
                 return torch.zeros(1, dtype=torch.int64, device=device)
             return torch.ones(1, device=device, requires_grad=spec.requires_grad)
@@ -154,8 +156,9 @@ class Workload:
         inputs = [tuple(tiny(s) for _ in range(self.calls) for s in self.key.inputs)]
 
         def body(*ts):
-            floats = [t for t in ts if t.is_floating_point()]
-            acc = sum(floats[1:], floats[0]) if floats else ts[0].float()
+            present = [t for t in ts if t is not None]
+            floats = [t for t in present if t.is_floating_point()]
+            acc = sum(floats[1:], floats[0]) if floats else present[0].float()
             return tuple(acc * (j + 1) for j in range(n_out))
 
         return self._region("empty", body, inputs)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from ..registry import Backend, Entry, Impl, Key, Profile, Site, Table, get_op, ops
-from .decision import Candidate, decide
+from .decision import Candidate, best_trial, decide
 from .inputs import load_samples
 from .measure import MeasureOptions
 from .search import Search, TrialResult, handlers
@@ -24,6 +24,8 @@ from .search import Search, TrialResult, handlers
 class Options:
     trials: int = 16
     threshold: float = 1.05
+    objective: str = "time"
+    """What a kernel must improve to be enabled: ``time`` or ``memory`` (``decision``)."""
     seed: int = 0
     budget_s: float | None = None
     search_rounds: int = 15
@@ -143,7 +145,8 @@ class Tuner:
         if self.over_budget() and not candidates:
             reason = ("budget exhausted before a final comparison was measured" if tried
                       else "budget exhausted before any trial ran")
-        entry = decide(key, candidates, self.options.threshold, labels, {i.name: i for i in usable}, reason)
+        entry = decide(key, candidates, self.options.threshold, labels, {i.name: i for i in usable}, reason,
+                       self.options.objective)
         if entry.measured:
             entry.measured["calls_per_step"] = sum(s.calls for s in sites)
         return entry
@@ -181,9 +184,8 @@ class Tuner:
             return Candidate(impl.name, first.config, {
                 "rel_err": min(errs) if errs else ("nan" if ran else None), "tolerance": tol,
                 "trials": len(results), "error": first.info.get("error", "")}, numerics_ok=bool(passed))
-        # the best config; ties go to the config listed first, so every worker picks the same one
         order = {str(sorted(c.items())): i for i, c in enumerate(impl.configs(key))}
-        best = max(ok, key=lambda r: (r.speedup, -order.get(str(sorted(r.config.items())), 0)))
+        best = best_trial(ok, order, self.options.objective)
         final = self.search.final(key, impl, best.config, work, stop=self.over_budget)
         if final is None:
             return None

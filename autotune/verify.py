@@ -5,7 +5,8 @@ The sum of isolated kernel measurements is not the full iteration: a kernel's cu
 prevents and the memory it touches show up only in the whole step. So the step itself is timed, in one
 process, the variants interleaved in an order shuffled every round, and each entry's realized saving
 (the step with that entry off, paired against the full table) is set beside its predicted one
-(calls per step x (compiler - kernel)).
+(calls per step x (compiler - kernel)). After the timed rounds one more step of each variant, untimed, gives its
+peak memory (``memory.peak_bytes``), and so each entry's realized memory saving.
 
 STEP is ``path/to/file.py:function`` or ``package.module:function``: a function of no arguments that builds a
 model, its optimizer and its data from fixed seeds and returns a zero-argument callable running one full
@@ -33,6 +34,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ..registry import Entry, Table, scope
 from ..registry.env import KERNELS, TABLE
+from .memory import mib, peak_bytes
 from .stats import median, paired_difference, ratio_of_medians
 
 
@@ -80,6 +82,8 @@ class Variant:
     times: list[float] = field(default_factory=list)
     entry: int | None = None
     """For an ablation: the index of the entry switched off."""
+    peak: int | None = None
+    """Bytes: the peak memory of one step above what was live before it."""
 
 
 @contextmanager
@@ -119,14 +123,16 @@ class Report:
     verdict: str
     slower: bool
     numerics_ok: bool
+    memory: dict[str, float | None] = field(default_factory=dict)
+    """Ratios of the variants' peak memory per step, as ``speedups`` pairs them (table over off ...)."""
     ceiling: dict[str, Any] | None = None
     """What the table's call sites cost under the compiler (each measured apart) and the speedup of a step whose
     kernels took no time at all: about the most any table can give this step (``exceeded``: the step measured
     faster than that, so the sites cost more in the step than apart)."""
 
     def as_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("table", "variants", "speedups", "numerics", "entries", "verdict",
-                                              "slower", "numerics_ok", "ceiling")}
+        return {k: getattr(self, k) for k in ("table", "variants", "speedups", "memory", "numerics", "entries",
+                                              "verdict", "slower", "numerics_ok", "ceiling")}
 
 
 def _calls(e: Entry) -> int:
@@ -152,10 +158,10 @@ def ceiling(table: Table, off_ms: float) -> dict[str, Any] | None:
 class Verifier:
     def __init__(self, table: Table, table_path: str, make_step: Callable[[], Callable[[], Any]], rounds: int = 20,
                  warmup: int = 3, seed: int = 0, tolerance: float = 1e-3, ablate: bool = True,
-                 say: Callable[[str], None] = lambda s: None):
+                 say: Callable[[str], None] = lambda s: None, peak: Callable[[Callable[[], Any]], int] = peak_bytes):
         self.table, self.path, self.make_step = table, table_path, make_step
         self.rounds, self.warmup, self.seed, self.tolerance, self.ablate = rounds, warmup, seed, tolerance, ablate
-        self.say = say
+        self.say, self.peak = say, peak
         self._dir = tempfile.TemporaryDirectory(prefix="nki-autotune-verify-")
 
     def enabled(self) -> list[int]:
@@ -222,28 +228,40 @@ class Verifier:
                     v.step()
                     v.times.append(time.perf_counter() - t0)
             self.say(f"round {r + 1}/{self.rounds}")
+        self.say(f"peak memory: one more step of each of the {len(variants)} variants")
+        for v in variants:
+            with scope(**v.env):
+                v.peak = self.peak(v.step)
         return self._report(variants, numerics)
 
     def _report(self, variants: list[Variant], numerics: dict) -> Report:
         by = {v.name: v for v in variants}
         out = {v.name: {"ms_per_step": round(median(v.times) * 1e3, 3), "rounds": len(v.times),
-                        "times_ms": [round(t * 1e3, 3) for t in v.times]} for v in variants[:3]}
-        speedups = {}
+                        "times_ms": [round(t * 1e3, 3) for t in v.times],
+                        "peak_mib": None if v.peak is None else mib(v.peak)} for v in variants[:3]}
+        speedups, memory = {}, {}
         for name, base in (("table", "off"), ("on", "off"), ("table", "on")):
             s, (lo, hi) = ratio_of_medians(by[base].times, by[name].times, seed=self.seed)
             speedups[f"{name} over {base}"] = {"speedup": round(s, 4), "ci95": [round(lo, 4), round(hi, 4)]}
+            a, b = by[name].peak, by[base].peak
+            memory[f"{name} over {base}"] = round(a / b, 4) if a is not None and b else None
         entries = []
         for v in variants[3:]:
             e = self.table.entries[v.entry]
             saving, (lo, hi) = paired_difference(v.times, by["table"].times, seed=self.seed)
             c, k = _us(e, "compiler_us"), _us(e, "kernel_us")
             predicted = None if c is None or k is None else _calls(e) * (c - k) / 1e3
+            peak_saving = None if v.peak is None or by["table"].peak is None else v.peak - by["table"].peak
+            # an entry chosen for its memory pays where it lowers the step's peak and is not shown slower
+            by_memory = e.measured.get("objective") == "memory"
             entries.append({
                 "entry": v.entry, "key": e.key.label(), "impl": e.impl,
                 "predicted_ms": None if predicted is None else round(predicted, 3),
                 "realized_ms": round(saving * 1e3, 3), "realized_ci95": [round(lo * 1e3, 3), round(hi * 1e3, 3)],
                 "times_ms": [round(t * 1e3, 3) for t in v.times],
-                "kept": saving > 0,
+                "realized_peak_mib": None if peak_saving is None else mib(peak_saving),
+                "objective": "memory" if by_memory else "time",
+                "kept": (peak_saving or 0) > 0 and hi >= 0 if by_memory else saving > 0,
             })
         t = speedups["table over off"]
         slower = t["ci95"][1] < 1.0
@@ -260,10 +278,11 @@ class Verifier:
         bound = ceiling(self.table, out["off"]["ms_per_step"])
         if bound is not None:
             bound["exceeded"] = bound["speedup"] is None or t["ci95"][0] > bound["speedup"]
-        return Report(self.path, out, speedups, numerics, entries, verdict, slower, numerics_ok, bound)
+        return Report(self.path, out, speedups, numerics, entries, verdict, slower, numerics_ok, memory, bound)
 
     def pruned(self, report: Report) -> Table:
-        """The table with every entry whose realized saving is not positive sent back to the compiler."""
+        """The table with every entry that does not pay sent back to the compiler: its realized saving is not positive
+        or, for an entry chosen for memory, it does not lower the step's peak or is shown slower."""
         drop = {r["entry"]: r for r in report.entries if not r["kept"]}
         entries = []
         for i, e in enumerate(self.table.entries):
@@ -272,8 +291,9 @@ class Verifier:
                 continue
             r = drop[i]
             lo, hi = r["realized_ci95"]
+            peak = "" if r["realized_peak_mib"] is None else f", realized peak saving {r['realized_peak_mib']:+g} MiB"
             reason = (f"verify: does not pay in the full step (realized saving {r['realized_ms']:+.3f} ms/step, "
-                      f"95% CI {lo:+.3f} to {hi:+.3f}, predicted {r['predicted_ms']} ms); was: {e.reason}")
+                      f"95% CI {lo:+.3f} to {hi:+.3f}, predicted {r['predicted_ms']} ms{peak}); was: {e.reason}")
             entries.append(Entry(e.key, None, {}, e.sites, e.source, {**e.measured, "impl": e.impl,
                                  "config": dict(e.config)}, reason, e.module))
         return Table(self.table.fingerprint, entries)

@@ -8,7 +8,6 @@ prints the achieved bandwidth of each kernel next to this machine's copy bandwid
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,31 +32,6 @@ class Result:
 RESULTS: list[Result] = []
 COPY: list[float] = []
 """Copy bandwidths (bytes/s) measured in this run."""
-
-
-def step_peak(step: Callable[[], object]) -> int:
-    """The peak of bytes allocated through PyTorch and not yet freed during one call of ``step``, above the
-    bytes live before it (from the profiler's allocation events), plus every block of the CPU kernels' reused
-    memory (``kernels._outputs``, which PyTorch's allocator does not see) that the call takes an output from: the
-    pool holds such a block through the whole step, in use or not."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from nki_autotune.kernels import _outputs
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    events, pooled = [], {}
-    for e in prof.profiler.kineto_results.events():
-        if e.name() == "[memory]":
-            events.append((e.start_ns(), e.nbytes()))
-        elif e.name().startswith(_outputs.MARK):
-            address, nbytes = e.name()[len(_outputs.MARK):].split()
-            pooled[address] = int(nbytes)
-    live = peak = 0
-    for _, n in sorted(events):
-        live += n
-        peak = max(peak, live)
-    return peak + sum(pooled.values())
 
 
 def _mib(n: int | None) -> str:

@@ -1,10 +1,10 @@
 """Peak training memory of the example's Hugging Face Llama: patched with the pack (kernels off, and every kernel
 on) against the unpatched model, each compiled as it trains (inductor, fullgraph).
 
-Memory is what PyTorch's CPU allocator hands out, from the profiler's allocation events: the peak of live bytes
-during one full step (forward, backward, AdamW) above what is live before it, plus what is live before it
-(weights, AdamW state; no gradients), plus every block of the kernels' reused memory the step takes an output from
-(``conftest.step_peak``). Run: ``pytest benchmarks/test_memory.py -s`` (part of ``make bench``).
+Memory is the peak of one full step (forward, backward, AdamW) above what is live before it, as the tuner and
+``verify`` measure it (``nki_autotune.autotune.memory.peak_bytes``: PyTorch's allocations, numpy's, and every block
+of the kernels' reused memory the step takes an output from), plus what is live before it (weights, AdamW state;
+no gradients). Run: ``pytest benchmarks/test_memory.py -s`` (part of ``make bench``).
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from nki_autotune.autotune.memory import peak_bytes  # noqa: E402
 from nki_autotune.kernels import hf  # noqa: E402
 from nki_autotune.registry import scope  # noqa: E402
-
-from .conftest import step_peak  # noqa: E402
 
 TARGET = 1.05  # the patched model's peak may exceed the unpatched one's by 5% at most
 _spec = importlib.util.spec_from_file_location("example_train", Path(__file__).parents[1] / "examples" / "train.py")
@@ -56,12 +55,11 @@ def measure(patched: bool, env: dict[str, str]) -> tuple[int, int]:
             step()
         peaks = []
         for _ in range(3):
-            # Each profiled step starts as live_bytes counts, with no gradients: the last step's, freed inside the
-            # profile, would offset this step's own (a freed block the profile did not see allocated) and would
-            # hide a gradient held in the kernels' reused memory, whose free the profile does not see at all.
+            # Each measured step starts as live_bytes counts, with no gradients, so that live_bytes plus the step's
+            # peak above it is the whole peak: the last step's gradients, freed during the step, are not counted as
+            # freed (the measure counts only what the step allocates).
             opt.zero_grad(set_to_none=True)
-            peaks.append(step_peak(step))
-        # The least of three: a block allocated before the profile starts is freed unseen, which only lowers it.
+            peaks.append(peak_bytes(step))
         return live_bytes(model, opt), min(peaks)
 
 

@@ -17,12 +17,13 @@ import pytest
 import torch
 
 import nki_autotune.kernels  # noqa: F401
+from nki_autotune.autotune.memory import peak_bytes
 from nki_autotune.autotune.numerics import check_impl
 from nki_autotune.autotune.stats import median, ratio_of_medians
 from nki_autotune.autotune.timing import Clock, Workload, interleave
 from nki_autotune.registry import Key, TensorSpec, get_backend, get_op
 
-from .conftest import COPY, RESULTS, Result, step_peak
+from .conftest import COPY, RESULTS, Result
 
 CPU = get_backend("cpu")
 F32, I64 = 4, 8
@@ -111,7 +112,7 @@ def test_op(case, mode):
     compiler, kernel = w.compiler(), w.kernel(impl, config)
     times = interleave([compiler, kernel], rounds=ROUNDS, clock=Clock(CPU.synchronize), warmup=2)
     speedup, ci = ratio_of_medians(times["compiler"], times[kernel.name])
-    peaks = (step_peak(lambda: compiler.step(0)), step_peak(lambda: kernel.step(0))) if key.grads else (None, None)
+    peaks = (peak_bytes(lambda: compiler.step(0)), peak_bytes(lambda: kernel.step(0))) if key.grads else (None, None)
     shapes = [i[0] for i in inputs]
     RESULTS.append(Result(_label(case), mode, median(times["compiler"]), median(times[kernel.name]), speedup, ci,
                           (bytes_train if key.grads else bytes_inf)(shapes), *peaks))

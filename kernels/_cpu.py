@@ -327,10 +327,11 @@ def rows_view(spec_shape: tuple[int, ...], strides: tuple[int, ...] | None) -> b
 
 def require(specs, dtypes: dict[int, tuple[str, ...]], contiguous: bool = True) -> str | None:
     """The common part of supports(): each listed input's dtype, one float dtype for all float inputs (the
-    expression would promote mixed ones), and contiguity of all inputs."""
+    expression would promote mixed ones), and contiguity of all inputs (an absent optional one, None, passes)."""
     for i, allowed in dtypes.items():
-        if specs[i].dtype not in allowed:
+        if specs[i] is not None and specs[i].dtype not in allowed:
             return f"input {i} of dtype {specs[i].dtype} (supports {', '.join(allowed)})"
+    specs = [s for s in specs if s is not None]
     floats = sorted({s.dtype for s in specs if s.is_float})
     if len(floats) > 1:
         return f"mixed float dtypes {', '.join(floats)} (supports one float dtype for all inputs)"

@@ -12,9 +12,10 @@ from torch.fx.experimental.symbolic_shapes import has_static_value
 from .specs import Key, OpLike, TensorSpec
 
 
-def raw_of(tensors: Sequence[torch.Tensor]) -> tuple:
-    """What the key depends on, cheaply and hashably: dispatch caches its decision on this."""
-    return tuple([(t.shape, t.stride(), t.dtype, t.device, t.requires_grad) for t in tensors])
+def raw_of(tensors: Sequence[torch.Tensor | None]) -> tuple:
+    """What the key depends on, cheaply and hashably: dispatch caches its decision on this. An absent optional
+    tensor is None."""
+    return tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.requires_grad) for t in tensors])
 
 
 def integer(value: Any) -> Any:
@@ -31,12 +32,14 @@ def symbolic(raw: tuple, attrs: tuple) -> bool:
     """Whether a call traced with dynamic shapes has a symbolic size, stride or number among its attributes (a
     float that changes between calls is one): no key can be made of it. Under Dynamo a symbolic int passes for an
     int, ``isinstance`` included; ``has_static_value`` tells them apart."""
-    dims = [d for shape, strides, *_ in raw for d in (*shape, *strides)]
+    dims = [d for r in raw if r is not None for d in (*r[0], *r[1])]
     numbers = [a for a in attrs if isinstance(a, (int, float))]
     return not all(has_static_value(v) for v in (*dims, *numbers))
 
 
-def spec_of(raw: tuple, grad_enabled: bool) -> TensorSpec:
+def spec_of(raw: tuple | None, grad_enabled: bool) -> TensorSpec | None:
+    if raw is None:
+        return None
     shape, strides, dtype, _, requires_grad = raw
     return TensorSpec(tuple(shape), str(dtype).removeprefix("torch."), tuple(strides), requires_grad and grad_enabled)
 
@@ -47,4 +50,4 @@ def key_of_call(op: OpLike, raw: tuple, attrs: dict[str, Any], grad_enabled: boo
 
 
 def devices_of(raw: tuple) -> set[str]:
-    return {r[3].type for r in raw}
+    return {r[3].type for r in raw if r is not None}

@@ -11,12 +11,16 @@ autograd kernel, nor has the backward operator: their calls pass autograd in C++
 gradients read are saved (``Impl.reads`` and the autograd context's ``needs_input_grad``); the backward operator
 gets a zero-stride stand-in of the right shape and dtype for each tensor not saved, and the impl's backward sees
 None there.
+
+An optional tensor (``Op.optional``) is ``Tensor?`` in both schemas: an absent one is None throughout, and its
+gradient is never needed. A ``forward_needs`` impl's operator takes, last, the gradients the call needs as one int
+(bit j: ``op.differentiable[j]``); a backward asked for a gradient its forward was not told of is an error.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -120,10 +124,21 @@ def kernel_op(defined: Any) -> Any:
     return defined.twin if isinstance(defined, LibraryOp) else defined
 
 
+def mask_of(needs: Sequence[bool]) -> int:
+    """``needs`` (one bool per ``op.differentiable``) as the int the operators take: bit j for the j-th."""
+    return sum(1 << j for j, need in enumerate(needs) if need)
+
+
+@cache
+def needs_of(mask: int, n: int) -> tuple[bool, ...]:
+    """The ``n`` bools that ``mask`` encodes (``mask_of``'s inverse)."""
+    return tuple(bool(mask >> j & 1) for j in range(n))
+
+
 def _reference_backward(impl: Impl, grads: tuple, tensors: tuple, attrs: dict) -> tuple:
-    """The reference's own gradient, for impls with no backward kernel."""
+    """The reference's own gradient, for impls with no backward kernel (None for an absent optional tensor)."""
     op = impl.op
-    diff = [op.tensors.index(n) for n in op.differentiable]
+    diff = [i for i in (op.tensors.index(n) for n in op.differentiable) if tensors[i] is not None]
 
     def f(*d):
         args = list(tensors)
@@ -136,13 +151,13 @@ def _reference_backward(impl: Impl, grads: tuple, tensors: tuple, attrs: dict) -
     # the operator's schema promises new tensors, none shared: a gradient that passes an input through (x + y),
     # or is another input's gradient too, is copied
     taken = {t.untyped_storage().data_ptr() for t in (*grads, *tensors) if t is not None}
-    out = []
-    for g in vjp(tuple(grads)):
+    got = {}
+    for i, g in zip(diff, vjp(tuple(grads))):
         g = g.clone(memory_format=torch.contiguous_format) if g.untyped_storage().data_ptr() in taken \
             else g.contiguous()
         taken.add(g.untyped_storage().data_ptr())
-        out.append(g)
-    return tuple(out)
+        got[i] = g
+    return tuple(got.get(op.tensors.index(n)) for n in op.differentiable)
 
 
 def stand_in(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -157,6 +172,7 @@ def build(impl: Impl) -> None:
     n_out = op.outputs
     n_res = op.outputs + impl.saved
     nt, na, nc = len(op.tensors), len(op.attrs), len(impl.space)
+    n_args = nt + na + nc + int(impl.forward_needs)  # a forward_needs impl's operator takes its needs last
     diff = tuple(op.tensors.index(n) for n in op.differentiable)
     backend = get_backend(impl.backend)
     sources = tuple(tuple(op.tensors.index(n) for n in names) for names in op.sources)
@@ -167,18 +183,18 @@ def build(impl: Impl) -> None:
         """Attributes and config from the non-tensor tail of a call (a few distinct tails per process)."""
         return dict(zip(attr_names, rest[:na])), dict(zip(config_names, rest[na:]))
 
-    @cache
-    def needed(mask: int) -> tuple[bool, ...]:
-        return tuple(bool(mask >> j & 1) for j in range(len(diff)))
+    def told(args: tuple) -> tuple:
+        """What a forward_needs impl's forward and fake take beyond the others: the needs its last int encodes."""
+        return (needs_of(args[-1], len(diff)),) if impl.forward_needs else ()
 
     def forward(*args):
-        attrs, config = dicts(args[nt:])
-        res = tuple(impl.forward(args[:nt], attrs, config))
+        attrs, config = dicts(args[nt:nt + na + nc])
+        res = tuple(impl.forward(args[:nt], attrs, config, *told(args)))
         return res[0] if n_res == 1 else res
 
     def fake(*args):
-        attrs, _ = dicts(args[nt:])
-        res = tuple(impl.fake(args[:nt], attrs))
+        attrs, _ = dicts(args[nt:nt + na + nc])
+        res = tuple(impl.fake(args[:nt], attrs, *told(args)))
         return res[0] if n_res == 1 else res
 
     overload = version(impl)
@@ -189,7 +205,7 @@ def build(impl: Impl) -> None:
         grads = args[:n_out]
         saved = args[n_out:n_out + nt + n_res]
         attrs, config = dicts(args[n_out + nt + n_res:-1])
-        needs = needed(args[-1])
+        needs = needs_of(args[-1], len(diff))
         keep = impl.kept(needs)
         saved = tuple(t if i in keep else None for i, t in enumerate(saved))
         if impl.backward is None:
@@ -201,11 +217,11 @@ def build(impl: Impl) -> None:
 
     def backward_fake(*args):
         grads, tensors = args[:n_out], args[n_out:n_out + nt]
-        needs = needed(args[-1])
+        needs = needs_of(args[-1], len(diff))
         if impl.backward_fake is not None:
             out = tuple(impl.backward_fake(grads, tensors, dicts(args[n_out + nt + n_res:-1])[0], needs))
         else:
-            out = tuple(tensors[i].new_empty(tensors[i].shape) for i in diff)
+            out = tuple(tensors[i].new_empty(tensors[i].shape) if need else None for i, need in zip(diff, needs))
         out = tuple(g if need else grads[0].new_empty(0) for g, need in zip(out, needs))
         return out[0] if len(diff) == 1 else out
 
@@ -219,12 +235,20 @@ def build(impl: Impl) -> None:
         def setup_context(ctx, inputs, output):
             results = output if isinstance(output, tuple) else (output,)
             ctx.needs = tuple(bool(ctx.needs_input_grad[i]) for i in diff)
+            if impl.forward_needs:
+                told = needs_of(inputs[-1], len(diff))
+                untold = [op.differentiable[j] for j, (n, t) in enumerate(zip(ctx.needs, told)) if n and not t]
+                if untold:
+                    raise RuntimeError(f"{impl.op_name}: the gradient of {', '.join(untold)} is needed, but the "
+                                       f"forward was told needs={list(told)} (the operator's last argument), so "
+                                       "it did not compute it")
             keep = impl.kept(ctx.needs)
             everything = (*inputs[:nt], *results)
             ctx.save_for_backward(*(everything[i] for i in keep))
-            ctx.absent = tuple((i, t.shape, t.dtype, t.device) for i, t in enumerate(everything) if i not in keep)
+            ctx.absent = tuple((i, t.shape, t.dtype, t.device) for i, t in enumerate(everything)
+                               if i not in keep and t is not None)
             ctx.keep = keep
-            ctx.rest = inputs[nt:]
+            ctx.rest = inputs[nt:nt + na + nc]
             plain = [r for r, src in zip(results, sources) if not any(ctx.needs_input_grad[i] for i in src)]
             if plain or n_res > n_out:  # one call: a second would replace the first's list
                 ctx.mark_non_differentiable(*plain, *results[n_out:])
@@ -240,10 +264,9 @@ def build(impl: Impl) -> None:
             for i, shape, dtype, device in ctx.absent:
                 full[i] = stand_in(shape, dtype, device)
             grads = grads[:n_out] if impl.backward_fake is not None else tuple(g.contiguous() for g in grads[:n_out])
-            mask = sum(1 << j for j, need in enumerate(ctx.needs) if need)
-            out = bwd(*grads, *full, *ctx.rest, mask)
+            out = bwd(*grads, *full, *ctx.rest, mask_of(ctx.needs))
             out = out if isinstance(out, tuple) else (out,)
-            result: list[Any] = [None] * (nt + na + nc)
+            result: list[Any] = [None] * n_args
             for i, g, need in zip(diff, out, ctx.needs):
                 result[i] = g if need else None
             return tuple(result)

@@ -115,10 +115,10 @@ def explain(op: str | Op, *args: Any, **kwargs: Any) -> Explanation:
         if name in bound:
             raise TypeError(f"explain({op.name!r}, ...): {name} given twice")
     bound.update(kwargs)
-    missing = [n for n in op.tensors if n not in bound]
+    missing = [n for n in op.tensors if n not in bound and n not in op.optional]
     if missing:
         raise TypeError(f"explain({op.name!r}, ...): missing tensor argument(s) {', '.join(missing)}")
-    tensors = tuple(bound[n] for n in op.tensors)
+    tensors = tuple(bound.get(n) for n in op.tensors)  # an optional tensor not given is None
     absent = [a for a in op.attrs if a not in bound and a not in op.defaults]
     if absent:
         raise TypeError(f"explain({op.name!r}, ...): missing attribute(s) {', '.join(absent)}")

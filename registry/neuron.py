@@ -26,8 +26,12 @@ import torch
 
 from .backend import dist_version, register_backend
 
-NKI_TARGETED = (0, 7)
-"""The NKI release the kernels are written for: 0.7 (Neuron 2.33), which TorchNeuron's quickstart requires."""
+NKI_RANGE = ((0, 7), (0, 8))
+"""The real NKI releases the kernels run on: 0.7 (Neuron 2.33, which TorchNeuron's quickstart requires: tracing
+specialization, nl.fori_loop, the LNC degree checked by the compiler) to 0.8 (Neuron 2.34: nki.lnc, launches without
+a grid). Older ones specialize differently and newer ones are untried, so both are refused, with the reason."""
+NKI_TARGETED = NKI_RANGE[1]
+"""The NKI release the kernels and the interpreter follow: 0.8 (Neuron 2.34)."""
 _LNC_VAR = "NEURON_LOGICAL_NC_CONFIG"
 _DMI_PRODUCT = "/sys/devices/virtual/dmi/id/product_name"
 
@@ -53,19 +57,41 @@ def _parse(version: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def nki_problem() -> str | None:
-    """None where a real ``nki`` of the targeted release imports; else why the project's interpreter stands in."""
+def nki_version() -> str:
+    """The version of the ``nki`` that imports here: its distribution's, else its ``__version__``; "absent" where
+    none imports, "interpreter X" where the project's interpreter is installed as ``nki``."""
     real = _module("nki")
     if real is None:
-        return "nki cannot be imported"
+        return "absent"
+    if getattr(real, "INTERPRETER", False):
+        return f"interpreter {real.__version__}"
     version = dist_version("nki")
+    return version if version != "absent" else str(getattr(real, "__version__", "unknown"))
+
+
+def nki_release() -> tuple[int, int] | None:
+    """The (major, minor) release of the ``nki`` here (the interpreter's own where it is installed as ``nki``), None
+    where none imports."""
+    version = nki_version()
+    return None if version == "absent" else _parse(version.removeprefix("interpreter "))
+
+
+def nki_problem() -> str | None:
+    """None where a real ``nki`` of a release in ``NKI_RANGE`` imports; else why the project's interpreter stands
+    in."""
+    version = nki_version()
     if version == "absent":
-        version = str(getattr(real, "__version__", "unknown"))
+        return "nki cannot be imported"
+    if version.startswith("interpreter"):
+        return "nki is the project's interpreter (installed by nki_autotune.kernels.nki.install())"
     parsed = _parse(version)
-    wanted = ".".join(map(str, NKI_TARGETED))
-    if parsed is None or parsed < NKI_TARGETED:
-        return (f"nki {version} is older than {wanted}, the release these kernels are written for "
-                f"(Neuron 2.33: tracing specialization, nl.fori_loop, LNC checked by the compiler); upgrade nki")
+    low, high = (".".join(map(str, v)) for v in NKI_RANGE)
+    if parsed is None or parsed < NKI_RANGE[0]:
+        return (f"nki {version} is older than {low}; these kernels run on nki {low} to {high} (Neuron 2.33-2.34: "
+                "tracing specialization, nl.fori_loop, the LNC degree checked by the compiler); upgrade nki")
+    if parsed > NKI_RANGE[1]:
+        return (f"nki {version} is newer than {high}; these kernels run on nki {low} to {high} and are untried on "
+                f"it; install nki {high} (Neuron 2.34)")
     return None
 
 
@@ -124,7 +150,8 @@ def _probe() -> str | None:
 
 
 _TYPES = {"Tensor": "torch.Tensor", "float": "float", "int": "int", "bool": "bool", "str": "str",
-          "int?": "typing.Optional[int]"}
+          "int?": "typing.Optional[int]", "float?": "typing.Optional[float]",
+          "Tensor?": "typing.Optional[torch.Tensor]"}
 
 
 def typed(fn: Callable[..., Any], schema: str) -> Callable[..., Any]:
@@ -186,7 +213,7 @@ class NeuronBackend:
             "torch": str(torch.__version__),
             "compiler": "neuronx-cc " + dist_version("neuronx-cc"),
             "torch_neuronx": dist_version("torch-neuronx"),
-            "nki": dist_version("nki"),
+            "nki": nki_version(),
             "neuron_cc_flags": os.environ.get("NEURON_CC_FLAGS", ""),
         }
 

@@ -7,11 +7,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .customop import build
+from .customop import build, mask_of
 from .sources import source_hash
 from .specs import Key, TensorSpec
 
-_SCHEMA_TYPES = {float: "float", int: "int", bool: "bool", str: "str", int | None: "int?"}
+_SCHEMA_TYPES = {float: "float", int: "int", bool: "bool", str: "str", int | None: "int?", float | None: "float?"}
 """Attribute types an op may declare, and their spelling in a custom-op schema."""
 
 
@@ -21,8 +21,11 @@ class Op:
 
     name: str
     reference: Callable[..., Any]
-    """``reference(*tensors, *attrs)``: the expression the compiler fuses; in float64, the numerics oracle."""
+    """``reference(*tensors, *attrs)``: the expression the compiler fuses; in float64, the numerics oracle. An
+    absent optional tensor reaches it as None."""
     tensors: tuple[str, ...]
+    optional: tuple[str, ...] = ()
+    """Tensor arguments a call may leave out (None): a key holds None there, schemas say ``Tensor?``."""
     attrs: Mapping[str, type] = field(default_factory=dict)
     defaults: Mapping[str, Any] = field(default_factory=dict)
     """Default attribute values of the public function (``explain`` and profiles use them)."""
@@ -35,15 +38,22 @@ class Op:
     data_dependent: tuple[str, ...] = ()
     """Tensor arguments whose values (not only shapes) set the cost, e.g. indices: recorded as samples."""
     make_inputs: Callable[..., tuple] | None = None
-    """``make_inputs(key, generator, samples=None)`` -> contiguous tensors for benchmarks and numerics."""
-    examples: tuple[tuple[tuple[tuple[tuple[int, ...], str], ...], dict[str, Any]], ...] = ()
-    """(inputs as (shape, dtype) pairs, attrs beyond the defaults) that ``nki-autotune check`` runs every impl on."""
+    """``make_inputs(key, generator, samples=None)`` -> contiguous tensors for benchmarks and numerics (anything,
+    e.g. None, where the key has None)."""
+    examples: tuple[tuple[tuple[tuple[tuple[int, ...], str] | None, ...], dict[str, Any]], ...] = ()
+    """(inputs as (shape, dtype) pairs, None for an absent optional one, attrs beyond the defaults) that
+    ``nki-autotune check`` runs every impl on."""
     impls: dict[str, Impl] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for a, t in self.attrs.items():
             if t not in _SCHEMA_TYPES:
-                raise TypeError(f"op {self.name}: attr {a} has type {t}; use float, int, bool, str or int | None")
+                raise TypeError(f"op {self.name}: attr {a} has type {t}; use float, int, bool, str, int | None or "
+                                "float | None")
+        unknown = [n for n in self.optional if n not in self.tensors]
+        if unknown:
+            raise ValueError(f"op {self.name}: optional names {', '.join(unknown)}, not among its tensors "
+                             f"{', '.join(self.tensors)}")
         if self.sources and len(self.sources) != self.outputs:
             raise ValueError(f"op {self.name}: sources names {len(self.sources)} outputs' inputs; it has "
                              f"{self.outputs} outputs")
@@ -63,16 +73,20 @@ class Impl:
     op: Op
     name: str
     backend: str
-    forward: Callable[[tuple, dict, dict], tuple]
-    """``forward(tensors, attrs, config)`` -> outputs followed by ``saved`` extra tensors for backward."""
-    fake: Callable[[tuple, dict], tuple]
-    """Same as ``forward`` on fake tensors: empty results of the right shape, dtype and strides."""
+    forward: Callable[..., tuple]
+    """``forward(tensors, attrs, config)`` -> outputs followed by ``saved`` extra tensors for backward;
+    ``forward(tensors, attrs, config, needs)`` where ``forward_needs``. ``tensors`` holds None for an absent
+    optional tensor."""
+    fake: Callable[..., tuple]
+    """Same as ``forward`` on fake tensors, without ``config``: empty results of the right shape, dtype and strides
+    (``fake(tensors, attrs)``, or ``fake(tensors, attrs, needs)`` where ``forward_needs``)."""
     supports: Callable[[tuple[TensorSpec, ...], dict], str | None]
     """None when the impl handles the call, else the reason it declines."""
     backward: Callable[[tuple, tuple, tuple, dict, dict, tuple], tuple] | None = None
     """``backward(grads, tensors, results, attrs, config, needs)`` -> one grad per ``op.differentiable``, where
     ``needs`` (one bool each) says which the call needs (the others may be None, and are dropped); ``tensors`` and
-    ``results`` hold None for what ``reads`` does not list for the needed gradients.
+    ``results`` hold None for what ``reads`` does not list for the needed gradients, and for an absent optional
+    tensor (whose gradient is never needed). ``results`` are the outputs, then the ``saved`` extras.
     None: the reference's gradient formula, run eagerly inside the backward op."""
     backward_fake: Callable[[tuple, tuple, dict, tuple], tuple] | None = None
     """``backward_fake(grads, tensors, attrs, needs)`` -> the input gradients as empty tensors, for a backward that
@@ -90,6 +104,12 @@ class Impl:
     backward_params: tuple[str, ...] = ()
     """Config params that only change the backward: fixed to their default for inference."""
     saved: int = 0
+    forward_needs: bool = False
+    """The forward is told which gradients the call needs: ``needs``, one bool per ``op.differentiable``, from the
+    call's key (``Key.needs``). A kernel that computes gradients in its forward pass (a fused loss) does that work
+    only for them, and none in inference; its ``saved`` extras (e.g. those gradients, empty where not needed) are
+    what its backward reads. Dispatch passes ``needs`` to the operator as an int fixed at trace time, as the config
+    is, so a compiled graph holds a constant: no guard, no recompile."""
     fwd_op: Any = None
     kernel_op: Any = None
     """What a compiled forward graph calls: ``fwd_op``'s twin below autograd (``customop.LibraryOp``), or ``fwd_op``."""
@@ -172,10 +192,21 @@ class Impl:
         config = self.default if config is None else config
         return tuple(int(config[p]) for p in self.space)
 
+    def call_args(self, config: Mapping[str, int] | None, key: Key) -> tuple[int, ...]:
+        """What the impl's operator takes after the op's attributes for a call of ``key``: the config values, then,
+        where ``forward_needs``, the gradients the key asks for as one int (bit j: ``op.differentiable[j]``)."""
+        values = self.config_values(config)
+        return (*values, mask_of(key.needs(self.op))) if self.forward_needs else values
+
+    def _tensor_args(self) -> list[str]:
+        return [f"Tensor{'?' if t in self.op.optional else ''} {t}" for t in self.op.tensors]
+
     def schema(self) -> str:
-        args = [f"Tensor {t}" for t in self.op.tensors]
+        args = self._tensor_args()
         args += [f"{_SCHEMA_TYPES[t]} {a}" for a, t in self.op.attrs.items()]
         args += [f"int {p}" for p in self.space]
+        if self.forward_needs:
+            args += ["int needs"]  # bit j: the gradient of op.differentiable[j] is needed
         n = self.op.outputs + self.saved
         ret = "Tensor" if n == 1 else "(" + ", ".join(["Tensor"] * n) + ")"
         return f"({', '.join(args)}) -> {ret}"
@@ -183,7 +214,7 @@ class Impl:
     def backward_schema(self) -> str:
         n = self.op.outputs + self.saved
         args = [f"Tensor grad_{i}" for i in range(self.op.outputs)]
-        args += [f"Tensor {t}" for t in self.op.tensors]
+        args += self._tensor_args()
         args += [f"Tensor result_{i}" for i in range(n)]
         args += [f"{_SCHEMA_TYPES[t]} {a}" for a, t in self.op.attrs.items()]
         args += [f"int {p}" for p in self.space]

@@ -32,12 +32,15 @@ class Explanation:
     reason: str = ""
     table: str | None = None
     entry: int | None = None
+    args: tuple[int, ...] = ()
+    """What the impl's operator takes after the attributes (``Impl.call_args``): the config values, and the needs
+    of a ``forward_needs`` impl."""
 
     @property
     def choice(self) -> tuple[str, tuple[int, ...]] | None:
         if self.impl is None:
             return None
-        return self.impl, tuple(self.config.values())
+        return self.impl, self.args
 
     def __str__(self) -> str:
         if self.impl is None:
@@ -118,7 +121,7 @@ def resolve(op: Op, key: Key, devices: set[str], view: View) -> Explanation:
             reason += ", default config" if cfg == impl.default else \
                 ", the first config its constraint admits at this shape (not the default)"
         cfg = {p: cfg[p] for p in impl.space}  # the order the custom op takes them in
-        return Explanation(op.name, key, KERNEL, impl.name, cfg, reason, **decided)
+        return Explanation(op.name, key, KERNEL, impl.name, cfg, reason, **decided, args=impl.call_args(cfg, key))
 
     if value == "off":
         return compiler(f"{var}=off")

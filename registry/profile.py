@@ -2,7 +2,7 @@
 
 Version 2 records each input's layout (``strides``, only where not contiguous) and, as ``requires_grad``,
 whether the call needed that input's gradient (false under ``torch.no_grad()``). Version 1 files still load:
-their inputs are taken as contiguous.
+their inputs are taken as contiguous. An optional tensor the call left out is ``null`` in ``inputs``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import yamlio
-from .specs import DTYPES, INFERENCE, TRAINING, Key, TensorSpec
+from .specs import DTYPES, INFERENCE, TRAINING, Key, TensorSpec, none_refused
 from .yamlio import Fields, Flow, FlowDict, FormatError
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class ProfileError(FormatError):
 @dataclass
 class Site:
     op: str
-    inputs: tuple[TensorSpec, ...]
+    inputs: tuple[TensorSpec | None, ...]
     attrs: dict[str, Any]
     site: str | None = None
     calls: int = 1
@@ -47,7 +47,8 @@ class Site:
         out: dict[str, Any] = {"op": self.op}
         if self.site:
             out["site"] = self.site
-        out["inputs"] = [FlowDict(shape=Flow(s.shape), dtype=s.dtype, requires_grad=s.requires_grad,
+        out["inputs"] = [None if s is None else
+                         FlowDict(shape=Flow(s.shape), dtype=s.dtype, requires_grad=s.requires_grad,
                                   **({"strides": Flow(s.strides)} if s.strides is not None else {}))
                          for s in self.inputs]
         out["attrs"] = FlowDict(self.attrs)
@@ -147,6 +148,12 @@ def _parse_site(raw: Any, path: str, i: int, ops: Mapping[str, Op]) -> Site:
                                f"got {len(raw_inputs)}")
     specs = []
     for j, item in enumerate(raw_inputs):
+        if item is None:
+            why = none_refused(op, j)
+            if why is not None:
+                raise f.fail(f"inputs[{j}]", why)
+            specs.append(None)
+            continue
         g = Fields(item, f"{f.where}: field 'inputs[{j}]'")
         g.unknown(_INPUT)
         shape = g.shape(g.get("shape", list), "shape")

@@ -118,7 +118,7 @@ class Recorder:
         k = (op.name, self._site(op), key.inputs, attrs)
         self.counts[k] += 1
         if self.samples and op.data_dependent and k not in self.captured:
-            self.captured[k] = {n: t.detach().cpu().clone() for n, t in zip(op.tensors, tensors)}
+            self.captured[k] = {n: t.detach().cpu().clone() for n, t in zip(op.tensors, tensors) if t is not None}
 
     # -- output -------------------------------------------------------------------------------------------
     def profile(self) -> Profile:

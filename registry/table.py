@@ -6,7 +6,7 @@ when the ops are given, as dispatch and the autotuner do.
 
 Each input of an entry is ``[shape, dtype]``, with a third item ``{strides: [...], grad: ...}`` only where the
 input is not contiguous, or where its gradient is not what the mode implies (training: every floating-point
-input's; inference: none).
+input's; inference: none); ``null`` where an optional tensor was left out.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import yamlio
 from .sources import source_hash
-from .specs import DTYPES, MODES, TRAINING, Key, TensorSpec, attrs_key
+from .specs import DTYPES, MODES, TRAINING, Key, TensorSpec, attrs_key, none_refused
 from .yamlio import Fields, Flow, FlowDict, FormatError
 
 if TYPE_CHECKING:
@@ -31,14 +31,19 @@ READS = (1, 2)
 _TOP = ("version", "fingerprint", "created", "entries")
 _ENTRY = ("op", "mode", "inputs", "attrs", "sites", "choice", "source", "module", "measured", "reason")
 _LAYOUT = ("strides", "grad")
+OBJECTIVES = ("time", "memory")
+"""What the tuner decided an entry for (``measured.objective``; absent in older tables: time)."""
 
 
 def _default_grad(mode: str, spec: TensorSpec) -> bool:
     return mode == TRAINING and spec.is_float
 
 
-def input_yaml(mode: str, spec: TensorSpec) -> Flow:
-    """One input as written in a table: ``[shape, dtype]``, plus its layout and gradient where not the default."""
+def input_yaml(mode: str, spec: TensorSpec | None) -> Flow | None:
+    """One input as written in a table: ``[shape, dtype]``, plus its layout and gradient where not the default;
+    None (``null``) for an absent optional tensor."""
+    if spec is None:
+        return None
     item = Flow([Flow(spec.shape), spec.dtype])
     extra = FlowDict()
     if spec.strides is not None:
@@ -191,12 +196,15 @@ def _measured(f: Fields) -> dict[str, Any]:
     def number(v: Any) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
 
-    for k in ("kernel_us", "compiler_us", "speedup", "tolerance"):  # null where nothing was measured
+    for k in ("kernel_us", "compiler_us", "speedup", "tolerance", "kernel_peak_mib", "compiler_peak_mib"):
+        # null where nothing was measured; the peaks are absent from tables written before they were measured
         if m.get(k) is not None and not number(m[k]):
             raise f.fail(f"measured.{k}", f"expected a number, got {m[k]!r}")
     ci = m.get("ci95")
     if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(number(v) for v in ci)):
         raise f.fail("measured.ci95", f"expected [low, high], two numbers, got {ci!r}")
+    if m.get("objective", "time") not in OBJECTIVES:
+        raise f.fail("measured.objective", f"{m['objective']!r} is not allowed; use one of: {', '.join(OBJECTIVES)}")
     if not isinstance(m.get("calibration") or {}, dict):
         raise f.fail("measured.calibration", f"expected a mapping, got {m['calibration']!r}")
     return m
@@ -216,8 +224,13 @@ def _unregistered(raw: Any, ops: Mapping[str, Op]) -> str | None:
     return None
 
 
-def _parse_input(f: Fields, j: int, item: Any, mode: str) -> TensorSpec:
+def _parse_input(f: Fields, j: int, item: Any, mode: str, op: Op | None) -> TensorSpec | None:
     field = f"inputs[{j}]"
+    if item is None:
+        why = None if op is None else none_refused(op, j)
+        if why is not None:
+            raise f.fail(field, why)
+        return None
     if not isinstance(item, list) or len(item) not in (2, 3):
         raise f.fail(field, f"expected [shape, dtype] or [shape, dtype, {{strides: [...], grad: ...}}], got {item!r}")
     shape, dtype = f.shape(item[0], field), f.dtype(item[1], field, DTYPES)
@@ -248,7 +261,7 @@ def _parse_entry(raw: Any, where: str, ops: Mapping[str, Op] | None, lenient: bo
     inputs = f.get("inputs", list)
     if op is not None and len(inputs) != len(op.tensors):
         raise f.fail("inputs", f"{name} takes {len(op.tensors)} tensors ({', '.join(op.tensors)}), got {len(inputs)}")
-    specs = tuple(_parse_input(f, j, item, mode) for j, item in enumerate(inputs))
+    specs = tuple(_parse_input(f, j, item, mode, op) for j, item in enumerate(inputs))
     if op is None:
         key = Key(name, mode, specs, attrs_key(f.get("attrs", dict, default={})))
     else:

@@ -158,13 +158,14 @@ class Fields:
             if name not in raw and name not in (defaults or {}):
                 raise self.fail(f"{field}.{name}", "missing")
             v = raw[name] if name in raw else defaults[name]
-            if t is float and isinstance(v, str):
+            number = t is float or t == float | None  # a float, or an optional one
+            if number and isinstance(v, str):
                 try:
                     v = float(v)
                 except ValueError:
                     pass
             ok = isinstance(v, t) and not (isinstance(v, bool) and t is not bool)
-            if t is float and isinstance(v, int) and not isinstance(v, bool):
+            if number and isinstance(v, int) and not isinstance(v, bool):
                 v, ok = float(v), True
             if not ok:
                 raise self.fail(f"{field}.{name}", f"expected {_names(t)}, got {v!r}")

@@ -62,17 +62,18 @@ def site(shape=(64, 128), dtype="float32", grad=True, label="model.norm"):
     return Site("rmsnorm", specs, {"eps": 1e-6}, label)
 
 
-def local(be, options, clock, meter=None):
-    """Measurement in this process with the injected clock and load meter, and no machine-wide lock."""
+def local(be, options, clock, meter=None, peak=None):
+    """Measurement in this process with the injected clock, load meter and (given) peak memory, and no machine-wide
+    lock."""
     return LocalBench(be, options.measure(), clock=clock, calibration=Calibration(be, clock, meter or QuietMeter()),
-                      lock=contextlib.nullcontext)
+                      lock=contextlib.nullcontext, peak=peak)
 
 
-def tuner(tmp_path, clock, trials=20, meter=None, storage=None, **kw):
+def tuner(tmp_path, clock, trials=20, meter=None, storage=None, peak=None, **kw):
     be = EagerCpu()
     search = Search(open_storage(storage or f"sqlite:///{tmp_path}/studies.db"), be.fingerprint(), trials=trials)
     options = Options(trials=trials, search_rounds=5, final_rounds=12, sets=2, pause_s=0, poll_s=0.05, **kw)
-    return Tuner(be, search, local(be, options, clock, meter), options)
+    return Tuner(be, search, local(be, options, clock, meter, peak), options)
 
 
 def fast_when(threads=2, rows=16, us=40.0, other=90.0):

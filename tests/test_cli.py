@@ -96,6 +96,10 @@ def test_show_and_diff(tuned):
     d, _, out, _ = tuned
     r = cli("show", str(out))
     assert r.returncode == 0 and "fingerprint: backend=cpu" in r.stdout and "declines" in r.stdout
+    i, timed = next((i, e) for i, e in enumerate(load_table(out, ops()).entries) if "speedup" in e.measured)
+    peaks = [f"{timed.measured[f'{side}_peak_mib']:g}" for side in ("kernel", "compiler")]
+    row = next(line for line in r.stdout.splitlines() if line.startswith(f"│ {i} "))
+    assert "kernel MiB" in r.stdout and "compiler MiB" in r.stdout and all(f" {p} " in row for p in peaks), r.stdout
     other = yaml.safe_load(out.read_text())
     other["entries"][0]["choice"] = {"impl": "cpu_rows", "config": {"threads": 1, "rows_per_task": 4}} \
         if other["entries"][0]["choice"] == "compiler" else "compiler"

@@ -229,7 +229,7 @@ def test_int32_tensor_tensor_is_exact_on_gpsimd_and_float32_on_vectore():
 
 
 @pytest.mark.parametrize("pattern, offset, match", [
-    ([[6, 2], [1, 6]], 20, "reaches element 30, outside the 30 elements"),
+    ([[6, 2], [1, 6]], 20, "reaches element 31, outside the 30 elements"),
     ([[6, 2], [1, 6]], -1, "reaches element -1, outside"),
     ([[6, 2], [1, 6]], 1.5, "offset must be a compile-time int"),
 ])

@@ -69,7 +69,7 @@ def test_gradients_on_reused_memory_stay_right_while_earlier_ones_live():
 
 def test_a_pooled_output_is_marked_for_the_profiler_with_its_block_and_bytes():
     """The profiler sees PyTorch's allocations only: each output the pool hands out is marked with its block's
-    address and size, once per output, and an ordinary allocation is not (what benchmarks' peak memory adds)."""
+    address and size, once per output, and an ordinary allocation is not (what the peak memory measure adds)."""
     from torch.profiler import ProfilerActivity, profile
 
     shape = _big()

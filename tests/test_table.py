@@ -39,7 +39,8 @@ def _write(tmp_path, doc) -> str:
 def test_round_trip(tmp_path):
     entries = [
         Entry(rmsnorm_key((8, 256, 512)), "cpu_rows", {"threads": 2, "rows_per_task": 16}, ["a", "b"], "f00",
-              {"kernel_us": 410.2, "compiler_us": 655.0, "ci95": [1.52, 1.66]}, "faster 1.60x"),
+              {"kernel_us": 410.2, "compiler_us": 655.0, "ci95": [1.52, 1.66], "kernel_peak_mib": 12.01,
+               "compiler_peak_mib": 16.02, "objective": "memory"}, "objective memory: peak 0.75x"),
         Entry(rmsnorm_key((4, 512), mode="inference", eps=1e-5), None, reason="slower"),
     ]
     path = tmp_path / "d.yaml"
@@ -103,6 +104,9 @@ def test_a_written_file_has_the_mode_open_would_give_it(tmp_path):
     (_doc(measured={"speedup": "fast"}), "entries[1] (rmsnorm)", "field 'measured.speedup': expected a number"),
     (_doc(measured={"ci95": [1]}), "entries[1] (rmsnorm)", "field 'measured.ci95': expected [low, high]"),
     (_doc(measured={"calibration": 5}), "entries[1] (rmsnorm)", "field 'measured.calibration': expected a mapping"),
+    (_doc(measured={"kernel_peak_mib": "a lot"}), "entries[1] (rmsnorm)", "'measured.kernel_peak_mib': expected a num"),
+    (_doc(measured={"objective": "speed"}), "entries[1] (rmsnorm)",
+     "field 'measured.objective': 'speed' is not allowed; use one of: time, memory"),
     (_doc(colour="red"), "entries[1] (rmsnorm)", "field 'colour': unknown field"),
 ])
 def test_malformed_tables_name_file_entry_and_field(tmp_path, doc, where, what):
@@ -211,3 +215,11 @@ def test_measured_values_the_tuner_leaves_null_load(tmp_path):
     doc = _doc(choice="compiler", attrs={"eps": 1e-5}, measured=measured)
     table = load_table(_write(tmp_path, doc), ops())
     assert table.entries[1].impl is None and table.entries[1].measured["error"] == "no config ran"
+
+
+def test_a_table_from_before_peak_memory_loads_and_reads_as_chosen_for_time(tmp_path):
+    """Entries without the peaks or the objective (every table written before they were measured) load as they
+    are: no peak to show, and ``verify`` treats them as chosen for time."""
+    table = load_table(_write(tmp_path, _doc(attrs={"eps": 1e-5})), ops())
+    m = table.entries[1].measured
+    assert m == GOOD_ENTRY["measured"] and "kernel_peak_mib" not in m and m.get("objective", "time") == "time"

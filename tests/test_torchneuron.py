@@ -1,6 +1,6 @@
 """The neuron backend against a stand-in TorchNeuron with the documented functions: every NKI impl registers
-through ``nki_op`` (with ``register_autograd``), launches its kernels through ``wrap_nki(kernel)[(lnc,)]`` at the
-logical-core degree TorchNeuron reports, traces under fake tensors (no data-dependent host code in the op body),
+through ``nki_op`` (with ``register_autograd``), launches its kernels through ``wrap_nki(kernel)`` at the logical-core
+degree TorchNeuron reports (NKI 0.8: no grid), traces under fake tensors (no data-dependent host code in the op body),
 and the fingerprint carries TorchNeuron's platform target and LNC."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from nki_autotune.autotune.inputs import make_inputs
 from nki_autotune.autotune.numerics import check_impl
 from nki_autotune.kernels.nki import nki
+from nki_autotune.kernels.softmax.nki import softmax_fwd
 from nki_autotune.registry import ops
 from nki_autotune.registry.customop import build
-from nki_autotune.registry.neuron import NEURON, NeuronBackend, lnc_configured, typed
+from nki_autotune.registry.neuron import NEURON, NeuronBackend, lnc_configured, nki_version, typed
 
 from .helpers import key_of
 from .torchneuron_standin import StandIn
@@ -65,7 +66,7 @@ def test_each_impl_registers_through_nki_op_and_launches_through_wrap_nki(standi
     launched = {k for k, _, _ in standin.launches}
     assert launched and launched <= set(standin.wrapped)
     assert all(isinstance(k, nki.Kernel) and k.__module__ == impl.module for k in launched)
-    assert {grid for _, grid, _ in standin.launches} == {(2,)}  # the LNC TorchNeuron reports, on the caller
+    assert {grid for _, grid, _ in standin.launches} == {()}  # NKI 0.8: the LNC TorchNeuron reports, no grid
 
 
 @pytest.mark.parametrize("impl", NKI_IMPLS, ids=lambda i: i.qualname)
@@ -88,10 +89,21 @@ def test_each_op_body_traces_under_fake_tensors(standin, impl):
     assert any(fake for _, _, fake in standin.launches)
 
 
+def test_a_launch_grid_must_match_the_lnc_torchneuron_reports(standin):
+    """A real nki 0.7 needs the grid (kernel(...) defaults to LNC=1 there); a grid other than the compiler's LNC is
+    the compiler's error NCC_EVRF066, under NKI 0.8 too."""
+    x = torch.randn(4, 8)
+    want = torch.softmax(x, dim=-1)
+    torch.testing.assert_close(standin.wrap_nki(softmax_fwd)[(2,)](x, 4), want)  # the LNC in force: kept
+    with pytest.raises(nki.NkiError, match=r"configured with LNC=1, but the compiler uses LNC=2 \(NCC_EVRF066"):
+        standin.wrap_nki(softmax_fwd)[(1,)](x, 4)
+
+
 def test_fingerprint_and_sync_come_from_torchneuron(standin):
     fp = NEURON.fingerprint()
     assert fp["device"] == "trn2" and fp["logical_cores"] == 2
     assert {"instance_type", "compiler", "nki", "torch_neuronx", "neuron_cc_flags", "torch"} <= set(fp)
+    assert fp["nki"] == nki_version()  # the real nki's release; "absent" where the interpreter stands in
     standin.lnc, standin.target = 1, "trn3"
     assert NEURON.fingerprint()["logical_cores"] == 1 and NEURON.fingerprint()["device"] == "trn3"
     NEURON.synchronize()

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from nki_autotune.autotune.measure import LocalBench
+from nki_autotune.autotune.memory import MIB
 from nki_autotune.autotune.search import Search, open_storage
 from nki_autotune.autotune.tuner import Options, Tuner
 from nki_autotune.registry import Profile, get_backend, get_op
@@ -25,6 +26,7 @@ def test_kernel_enabled_where_faster_with_its_best_config(tmp_path):
     assert m["speedup"] > 2.0 and m["ci95"][0] > 1.0 and m["rounds"] == 12
     assert m["rel_err"] < 1e-5 and m["trials"] == len(IMPL.configs(e.key))
     assert {"kernel_us", "compiler_us", "compile_s", "region"} <= set(m)
+    assert m["kernel_peak_mib"] > 0 and m["compiler_peak_mib"] > 0 and m["objective"] == "time"
     assert e.sites == ["model.norm"] and e.source == IMPL.source_hash
     assert "faster" in e.reason and "within 1e-05" in e.reason
 
@@ -216,3 +218,61 @@ def test_a_passing_impl_is_enabled_when_a_faster_one_fails_the_rule(noisy):
     assert entry.impl == "mine" and entry.reason.startswith("faster 1.30x")
     alone = decide(key, [Candidate("cpu_rows", {"threads": 2}, fast, True)], 1.05, ["a"], impls)
     assert alone.impl is None and "1.60x" in alone.reason
+
+
+@pytest.mark.parametrize("kernel_mib, speedup, ci, why", [
+    (90.0, 1.01, [0.97, 1.04], "objective memory: peak 0.90x the compiler's (90 of 100 MiB), not slower 1.01x"),
+    (91.0, 1.01, [0.97, 1.04], "objective memory: best kernel cpu_rows's peak is 0.91x the compiler's (91 of 100 MiB), "
+                               "above 0.90x"),
+    (50.0, 0.94, [0.90, 0.98], "but it is slower: 0.94x (95% CI 0.90-0.98 lies below 1)"),
+    (None, 1.01, [0.97, 1.04], "objective memory: the peak memory of best kernel cpu_rows was not measured"),
+])
+def test_memory_objective_enables_a_kernel_whose_peak_is_a_tenth_lower_and_that_is_not_slower(kernel_mib, speedup, ci,
+                                                                                               why):
+    from nki_autotune.autotune.decision import Candidate, decide
+
+    m = {"speedup": speedup, "ci95": ci, "rel_err": 1e-7, "tolerance": 1e-5, "compiler_peak_mib": 100.0}
+    if kernel_mib is not None:
+        m["kernel_peak_mib"] = kernel_mib
+    key = key_of("rmsnorm", "training", [((64, 128), "float32"), ((128,), "float32")])
+    candidates = [Candidate("cpu_rows", {"threads": 2, "rows_per_task": 16}, m, True)]
+    entry = decide(key, candidates, 1.05, ["a"], {"cpu_rows": IMPL}, objective="memory")
+    assert (entry.impl is not None) == why.startswith("objective memory: peak"), entry.reason
+    assert why in entry.reason and entry.measured["objective"] == "memory"
+    timed = decide(key, candidates, 1.05, ["a"], {"cpu_rows": IMPL})  # not shown faster: time keeps the compiler
+    assert timed.impl is None and timed.measured["objective"] == "time" and "objective" not in timed.reason
+
+
+def test_memory_objective_compares_the_config_of_lowest_peak_and_shares_the_studies_with_time(tmp_path):
+    """Every config as fast as the compiler, one of them at 0.4x its peak: memory enables that one; time, reading
+    the same studies, keeps the compiler."""
+    small = {"threads": 1, "rows_per_task": 4}
+
+    def peak(runner):  # bytes of one step of the region
+        return 100 * MIB if runner.name == "compiler" else (40 if runner.config == small else 80) * MIB
+
+    clock = FakeClock(lambda cfg: 100.0)
+    (e,) = tuner(tmp_path, clock, peak=peak, objective="memory").tune(Profile([site()])).entries
+    assert e.impl == "cpu_rows" and e.config == small, e.reason
+    assert (e.measured["kernel_peak_mib"], e.measured["compiler_peak_mib"]) == (40.0, 100.0)
+    assert e.reason.startswith("objective memory: peak 0.40x") and e.measured["objective"] == "memory"
+    (t,) = tuner(tmp_path, clock, peak=peak).tune(Profile([site()])).entries
+    assert t.impl is None and "below the threshold" in t.reason and t.measured["objective"] == "time"
+
+
+def test_a_final_comparison_stored_without_peak_memory_is_measured_again_and_no_trial_is(tmp_path, monkeypatch):
+    """Studies kept from before peak memory was measured: the next run measures the final comparison again, once."""
+    with monkeypatch.context() as m:
+        m.setattr(LocalBench, "_peaks", lambda self, runner: {})
+        (old,) = tuner(tmp_path, FakeClock(fast_when()), trials=2).tune(Profile([site()])).entries
+    assert old.impl == "cpu_rows" and "kernel_peak_mib" not in old.measured
+    t = tuner(tmp_path, FakeClock(fast_when()), trials=2)
+    trials, finals = [], []
+    monkeypatch.setattr(t.bench, "trial", lambda *a: trials.append(a))
+    final = t.bench.final
+    monkeypatch.setattr(t.bench, "final", lambda *a: finals.append(a) or final(*a))
+    (e,) = t.tune(Profile([site()])).entries
+    assert not trials and len(finals) == 1 and e.config == old.config and e.measured["kernel_peak_mib"] > 0
+    clock = FakeClock(fast_when())
+    (same,) = tuner(tmp_path, clock, trials=2).tune(Profile([site()])).entries
+    assert same.measured == e.measured and clock.calls == 0

@@ -68,16 +68,20 @@ def test_wrong_kernel_numerics_are_caught(tmp_path, monkeypatch):
     assert not r.numerics_ok and r.numerics["table"]["loss_rel_diff"] > 1e-3
 
 
-def _report(table_ms, off_ms, savings):
+def _report(table_ms, off_ms, savings, peaks=None, objective="time"):
+    """A report from given step times (and, given ``peaks``, MiB of the table, off, on and each ablation)."""
     v = Verifier(Table({}, []), "t.yaml", lambda: None)
     times = {"table": [table_ms / 1e3] * 9, "off": [off_ms / 1e3] * 9, "on": [off_ms / 1e3] * 9}
     from nki_autotune.autotune.verify import Variant
 
-    variants = [Variant(n, {}, times=t) for n, t in times.items()]
+    peaks = [int(p * 2**20) for p in peaks] if peaks else [None] * (3 + len(savings))
+    variants = [Variant(n, {}, times=t, peak=p) for (n, t), p in zip(times.items(), peaks)]
     v.table = Table({}, [Entry(key_of("softmax", "training", [((4, 4), "float32")], {"dim": -1}), "cpu_rows",
-                               {"threads": 1, "online": 0}, measured={"kernel_us": 1.0, "compiler_us": 2.0},
-                               reason="faster") for _ in savings])
-    variants += [Variant(f"w{i}", {}, times=[(table_ms + s) / 1e3] * 9, entry=i) for i, s in enumerate(savings)]
+                               {"threads": 1, "online": 0}, reason="faster",
+                               measured={"kernel_us": 1.0, "compiler_us": 2.0, "objective": objective})
+                         for _ in savings])
+    variants += [Variant(f"w{i}", {}, times=[(table_ms + s) / 1e3] * 9, entry=i, peak=peaks[3 + i])
+                 for i, s in enumerate(savings)]
     return v, v._report(variants, {"table": {"ok": True}, "on": {"ok": True}})
 
 
@@ -90,6 +94,19 @@ def test_verdict_and_prune():
     pruned = v.pruned(r)
     assert pruned.entries[0].impl == "cpu_rows" and pruned.entries[1].impl is None
     assert pruned.entries[1].reason.startswith("verify: does not pay in the full step (realized saving -1.000")
+
+
+def test_an_entry_chosen_for_memory_pays_where_it_lowers_the_steps_peak_and_is_not_slower():
+    """Peaks in MiB: table 60, off 100, on 58; without entry 0 the step peaks at 90, without entry 1 at 60."""
+    v, r = _report(100.0, 100.0, [0.0, 0.0], peaks=[60, 100, 58, 90, 60], objective="memory")
+    assert r.memory == {"table over off": 0.6, "on over off": 0.58, "table over on": round(60 / 58, 4)}
+    assert [v["peak_mib"] for v in r.variants.values()] == [60, 100, 58]
+    assert [(e["realized_peak_mib"], e["kept"]) for e in r.entries] == [(30, True), (0, False)]
+    assert "realized peak saving +0 MiB" in v.pruned(r).entries[1].reason
+    _, slower = _report(100.0, 100.0, [-5.0], peaks=[60, 100, 58, 90], objective="memory")
+    assert not slower.entries[0]["kept"]  # 5 ms slower in every round: its memory does not make up for it
+    _, timed = _report(100.0, 100.0, [0.0], peaks=[60, 100, 58, 90])
+    assert not timed.entries[0]["kept"]  # chosen for time, it must save time
 
 
 def test_verify_command(tmp_path):
@@ -105,6 +122,10 @@ def test_verify_command(tmp_path):
     if data["ceiling"]["speedup"] is not None:  # 0.16 ms said as such, not rounded to 0.2 or 0.0
         assert "call sites, measured apart, take 0.16 ms of the" in " ".join(r.stdout.split()), r.stdout
     assert "speedup of table over off" in r.stdout and "each enabled entry switched off alone" in r.stdout
+    assert all(v["peak_mib"] > 0 for v in data["variants"].values()) and "peak MiB" in r.stdout
+    assert data["memory"]["table over off"] == pytest.approx(data["variants"]["table"]["peak_mib"] /
+                                                             data["variants"]["off"]["peak_mib"], rel=1e-3)
+    assert all(isinstance(e["realized_peak_mib"], float) for e in data["entries"])
     pruned = load_table(out, None)
     kept = [e["kept"] for e in data["entries"]]
     assert [e.impl is not None for e in pruned.entries] == kept

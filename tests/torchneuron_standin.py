@@ -2,9 +2,10 @@
 ``wrap_nki``, ``synchronize``, and ``torch_neuronx.utils.get_platform_target`` / ``get_logical_neuron_cores``.
 
 It behaves as the real ones do where the backend depends on it (torch_neuronx/nki_hop.py): ``nki_op`` infers the
-schema from the annotations and registers the function itself as the fake; ``wrap_nki(kernel)[grid](...)`` runs the
-kernel at LNC ``grid[0]`` (here through the simulation, on CPU tensors) and, on fake tensors, returns empty outputs
-of the shapes the kernel produces, as TorchNeuron's fake rule does. It records what it was given.
+schema from the annotations and registers the function itself as the fake; ``wrap_nki(kernel)(...)`` runs the
+kernel at the LNC it reports (NKI 0.8: no launch grid needed), ``wrap_nki(kernel)[grid](...)`` at LNC ``grid[0]``,
+which must be that LNC (NCC_EVRF066), both here through the simulation, on CPU tensors; on fake tensors it returns
+empty outputs of the shapes the kernel produces, as TorchNeuron's fake rule does. It records what it was given.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class _Caller:
     def __call__(self, *args):
         fake = any(isinstance(a, FakeTensor) for a in args)
         self.standin.launches.append((self.kernel, self.grid, fake))
-        launch = nki.simulate(self.kernel[self.grid[0] if self.grid else 1])
+        launch = nki.simulate(self.kernel[self.grid[0]] if self.grid else self.kernel)
         if not fake:
             return launch(*args)
         with unset_fake_temporarily():  # the kernel's output shapes, from a run on zeros of the inputs' shapes

@@ -1,10 +1,12 @@
 """Launching a kernel at the logical-core degree in force: on a neuron device through TorchNeuron, elsewhere
 simulated (numerics only).
 
-On the device the call is ``wrap_nki(kernel)[(lnc,)](...)``: ``wrap_nki`` is the form ``torch.compile`` can trace
-(a raw ``@nki.jit`` call is invisible to dispatcher-based tracing), and the grid sets the kernel's LNC degree,
-which must equal the compiler's (docs: torch/guides/how-to-work-with-nki.rst; compiler error NCC_EVRF066; trn2
-defaults to LNC=2). The grid goes on the ``wrap_nki`` caller: ``wrap_nki(kernel[lnc])`` would be launched at LNC=1.
+On the device the call is ``wrap_nki(kernel)(...)``: ``wrap_nki`` is the form ``torch.compile`` can trace (a raw
+``@nki.jit`` call is invisible to dispatcher-based tracing; docs: torch/guides/how-to-work-with-nki.rst). Under NKI
+0.8 a kernel is specialized across every physical core of the compiler's LNC, so it needs no launch grid (Neuron
+2.34; announce-intent-eos-nki-spmd-launch-grid.rst). Under a real nki 0.7 ``kernel(...)`` defaults to LNC=1 and
+the compiler rejects a degree other than its own (NCC_EVRF066; trn2 defaults to LNC=2), so there the caller passes
+the grid ``[(lnc,)]``, on the ``wrap_nki`` caller: ``wrap_nki(kernel[lnc])`` would be launched at LNC=1.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ...registry.neuron import NEURON, logical_cores, torchneuron
+from ...registry.neuron import NEURON, logical_cores, nki_release, torchneuron
 from . import nki
 
 
@@ -24,16 +26,24 @@ def _wrapped(wrap_nki: Callable[..., Any], kernel: Any) -> Any:
     return wrap_nki(kernel)
 
 
+def grid() -> tuple[int] | None:
+    """The launch grid a kernel needs: none under NKI 0.8 (the interpreter's release too); ``(lnc,)``, the degree in
+    force, under a real nki 0.7."""
+    release = nki_release()
+    return (logical_cores(),) if release is not None and release < (0, 8) else None
+
+
 def run(kernel: Any, device: torch.device) -> Callable[..., Any]:
     """``kernel`` launched at the LNC degree in force, for tensors on ``device``."""
-    lnc = logical_cores()
+    g = grid()
     if device.type == NEURON.device:
         wrap_nki = torchneuron("wrap_nki")
         if wrap_nki is None:
             raise RuntimeError(f"tensors on the {device.type} device, but torch_neuronx has no wrap_nki: install a "
                                "torch-neuronx that documents nki_op and wrap_nki (Neuron 2.33 or later)")
-        return _wrapped(wrap_nki, kernel)[(lnc,)]
-    return nki.simulate(kernel[lnc])
+        caller = _wrapped(wrap_nki, kernel)
+        return caller if g is None else caller[g]
+    return nki.simulate(kernel if g is None else kernel[g[0]])
 
 
 def int32_column(index: torch.Tensor) -> torch.Tensor:

@@ -11,55 +11,19 @@ from __future__ import annotations
 
 import functools
 import warnings
-from enum import Enum
 
 import numpy as np
 
+from . import constants
+from .constants import dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd
 from .errors import NkiError, NkiRangeWarning
 from .scalar import NkiScalar, VirtualRegister, runtime_value
 from .state import current
-from .tensor import NkiTensor, _Indirect, cast, is_float
+from .tensor import Dynamic, NkiTensor, cast, is_float
 
-
-class engine(Enum):  # noqa: N801  (the NKI names)
-    unknown = 0
-    tensor = 1
-    vector = 2
-    scalar = 3
-    gpsimd = 4
-    dma = 5
-    sync = 6
-
-
-class reduce_cmd(Enum):  # noqa: N801
-    idle = 0
-    reset = 1
-    reduce = 2
-    reset_reduce = 3
-    load_reduce = 4
-
-
-class oob_mode(Enum):  # noqa: N801
-    error = 0
-    skip = 1
-
-
-class dge_mode(Enum):  # noqa: N801
-    unknown = 0
-    swdge = 1
-    hwdge = 2
-    none = 3
-
-
-class matmul_perf_mode(Enum):  # noqa: N801
-    none = 0
-    double_row = 1
-
-
-class nc_version(Enum):  # noqa: N801
-    gen2 = 2
-    gen3 = 3
-    gen4 = 4
+vector_engine, scalar_engine, gpsimd_engine, tensor_engine, sync_engine = (
+    engine.vector, engine.scalar, engine.gpsimd, engine.tensor, engine.sync)
+"""The engine aliases of nki.isa (the NKI Library passes ``engine=nisa.vector_engine``)."""
 
 
 def get_nc_version() -> nc_version:
@@ -104,7 +68,7 @@ def start_partition(call: str, name: str, t: NkiTensor) -> None:
     """ARCH2 "Data streaming": an engine operand occupies contiguous partitions, and one of more than 64
     partitions starts at partition 0, of 33-64 at 0 or 64, of up to 32 at 0, 32, 64 or 96."""
     p = t.partitions()
-    rows = t.offsets.reshape(p, -1)[:, 0] // t.storage.free_size if t.size else np.zeros(0, np.int64)
+    rows = t.partition_rows() if t.size else np.zeros(0, np.int64)
     if p and (np.diff(rows) != 1).any():
         raise NkiError(f"nisa.{call}: {name} {t.describe()} does not occupy contiguous partitions (ARCH2: no "
                        "partition striding within one engine access)")
@@ -202,22 +166,60 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
     if vector and dge_mode == _Dge.hwdge:
         raise NkiError("nisa.dma_copy: hardware DGE does not support indirect DMA (trainium2_arch.rst); use "
                        "dge_mode=swdge or leave it unknown")
-    keep = np.ones(dst.size, bool)
+    keep = None
     for n, t in (("src", src), ("dst", dst)):
-        if isinstance(t, _Indirect) and t.dynamic and t.bad().any():
+        if isinstance(t, Dynamic) and t.bad_rows().any():
             if oob_mode == _Oob.error:
-                bad = t.offsets[t.bad()].reshape(-1)[0]
-                raise NkiError(f"nisa.dma_copy: {n} access pattern reaches element {bad} outside "
-                               f"{t.name or 'the tensor'} of {t.storage.data.size} elements (oob_mode=error: the "
+                raise NkiError(f"nisa.dma_copy: {n} access pattern reaches element {t.first_bad()} outside "
+                               f"{t.name or 'the tensor'} of {t._flat().size} elements (oob_mode=error: the "
                                "bounds check of dynamic DMA, nki.isa.dma_copy)")
-            rows = t.bad().reshape(t.shape[0], -1).any(axis=1)  # skip: whole indirect rows are dropped
-            keep &= np.repeat(~rows, t.size // t.shape[0])
-    vals = src.storage.data[np.where(keep.reshape(src.shape), src.offsets, 0)].reshape(-1)
-    if src.dtype != dst.storage.dtype:
-        vals = vals.astype(np.float32)  # DMA casts through float32 (nki.isa.dma_copy)
-    dst_off = dst.offsets.reshape(-1)[keep]
-    dst.storage.data[dst_off] = cast(vals[keep], dst.storage.dtype)
+            rows = ~t.bad_rows()  # skip: whole indirect rows are dropped
+            if not t.per_row:
+                rows = np.repeat(rows, t.shape[0] if t.ndim else 1)
+            keep = rows if keep is None else keep & rows
+    _copy(dst, src, keep)
     return NkiInstruction()
+
+
+def _copy(dst: NkiTensor, src: NkiTensor, keep: np.ndarray | None) -> None:
+    """dst = src element by element in row-major order of the views, through float32 where the dtypes differ
+    (nki.isa.dma_copy); ``keep``: the partitions (rows of the first dim) to move, the rest skipped."""
+    if keep is None:
+        vals = src.read()
+        if src.dtype != dst.dtype:
+            vals = vals.astype(np.float32)
+        dst.write(vals.reshape(dst.shape))
+        return
+    if not keep.any():
+        return
+    p = len(keep)
+    vals = _rows(src, keep).reshape(p, -1)
+    if src.dtype != dst.dtype:
+        vals = vals.astype(np.float32)
+    if isinstance(dst, Dynamic) and dst.per_row:
+        for i, row in enumerate(dst.rows(keep)):
+            if row is not None:
+                row[...] = cast(vals[i].reshape(row.shape), dst.dtype)
+        dst.storage.dirty = True
+        return
+    whole = dst.read().reshape(p, -1).copy()
+    whole[keep] = cast(vals[keep], dst.dtype)
+    dst.write(whole.reshape(dst.shape))
+
+
+def _rows(t: NkiTensor, keep: np.ndarray) -> np.ndarray:
+    """The values of ``t`` as (len(keep), -1), rows not kept left as zeros (never read out of bounds)."""
+    p = len(keep)
+    if isinstance(t, Dynamic) and t.per_row:
+        per = t.size // max(1, p)
+        out = np.zeros((p, per), t.read_dtype())
+        for i, row in enumerate(t.rows(keep)):
+            if row is not None:
+                out[i] = row.reshape(-1)
+        return out
+    if isinstance(t, Dynamic) and t.bad_rows().any():
+        return np.zeros((p, t.size // max(1, p)), t.read_dtype())
+    return t.read().reshape(p, -1)
 
 
 @instruction
@@ -275,8 +277,8 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     if reduce_op is not None and getattr(reduce_op, "name", "") != "add":
         raise NkiError(f"nisa.activation: reduce_op must be nl.add, got {reduce_op!r}")
     run = current()
-    lanes = slice(int(data.offsets.reshape(-1)[0] // data.storage.free_size), None)
-    lanes = slice(lanes.start, lanes.start + p)
+    first = int(data.partition_rows()[0])
+    lanes = slice(first, first + p)
     acc, defined = run.act_acc[lanes], run.act_defined[lanes]
     if reduce_cmd in (_Cmd.reset, _Cmd.reset_reduce):
         acc[:] = 0.0
@@ -289,7 +291,7 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         _on_chip("activation", "reduce_res", reduce_res)
         if reduce_res.partitions() != p or reduce_res.per_partition() != 1:
             raise NkiError(f"nisa.activation: reduce_res {list(reduce_res.shape)} must be ({p}, 1)")
-        if reduce_res.storage is dst.storage and np.intersect1d(reduce_res.offsets, dst.offsets).size:
+        if reduce_res.overlaps(dst):
             raise NkiError("nisa.activation: reduce_res overlaps dst; the instruction writes both, in an order the "
                            "docs leave open (reduce_res-alias rule): give reduce_res its own tile")
     if reduce_cmd in (_Cmd.reduce, _Cmd.load_reduce) or (reduce_res is not None and reduce_cmd == _Cmd.idle):
@@ -489,8 +491,8 @@ def _bank_check(call: str, dst: NkiTensor, n_max: int) -> None:
     t = current().target
     item = dst.storage.data.itemsize
     span = max(t.psum_bank_bytes, n_max * item)
-    free = (dst.offsets.reshape(dst.partitions(), -1) % dst.storage.free_size) * item
-    if free.size and free.min() // span != free.max() // span:
+    lo, hi = dst.free_extent()
+    if dst.size and (lo * item) // span != (hi * item) // span:
         what = "one PSUM bank" if span == t.psum_bank_bytes else f"{span // t.psum_bank_bytes} PSUM banks"
         raise NkiError(f"nisa.{call}: dst {dst.describe()} spans more than {what} ({span} bytes per partition "
                        f"on {t.name}); keep each matmul output within it")
@@ -530,7 +532,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         raise NkiError(f"nisa.nc_matmul: dst {list(dst.shape)} must be [M={m}, N={n}]")
     _bank_check("nc_matmul", dst, n_max)
     res = _pf(stationary).T.astype(np.float32) @ _pf(moving).astype(np.float32)
-    written = dst.storage.written[dst.offsets].reshape(m, n)
+    written = dst.mirror(dst.storage.written).reshape(m, n)
     if accumulate is True and not written.all():
         warnings.warn("nisa.nc_matmul: accumulate=True into PSUM that was never written (undefined on hardware)",
                       stacklevel=2)
@@ -595,7 +597,18 @@ def scalar_store(dst, src) -> None:
     dst.write(np.asarray(src.value("nisa.scalar_store")))
 
 
+def _deprecated(old: str, new: str) -> None:
+    """NKI 0.8 deprecates ``old``: a DeprecationWarning at the kernel's call site (ANN08)."""
+    warnings.warn(f"nki.isa.{old} is deprecated in NKI 0.8 and will be removed; use {new} (Neuron 2.34 "
+                  "announcement: end of support for NKI VirtualRegister APIs and nki.isa LNC functions)",
+                  DeprecationWarning, stacklevel=3)
+
+
+_REGISTERS = "nki.isa.scalar_load / nki.isa.scalar_store with nki.isa.NkiScalar"
+
+
 def register_alloc(x: int | None = None) -> VirtualRegister:
+    _deprecated("register_alloc", _REGISTERS)
     if x is not None and not isinstance(x, int):
         raise NkiError(f"nisa.register_alloc: x must be None or an int, got {type(x).__name__}")
     return VirtualRegister(x)
@@ -609,25 +622,225 @@ def _register(call: str, r) -> VirtualRegister:
 
 @instruction
 def register_move(dst, src) -> None:
+    _deprecated("register_move", _REGISTERS)
     _register("register_move", dst).set(runtime_value(src, "nisa.register_move"))
 
 
 @instruction
 def register_load(dst, src) -> None:
+    _deprecated("register_load", _REGISTERS)
     _one("register_load", "src", src)
     _register("register_load", dst).set(int(np.asarray(src.read()).reshape(-1)[0]))
 
 
 @instruction
 def register_store(dst, src) -> None:
+    _deprecated("register_store", _REGISTERS)
     _one("register_store", "dst", dst)
     dst.write(np.asarray(_register("register_store", src).value("nisa.register_store")))
 
 
+
+# -- NKI 0.8: the LNC exchanges moved to nki.lnc; these are the deprecated wrappers (ANN08) -------------------
+
+
+def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id=None, name=None):
+    """Deprecated: nki.lnc.sendrecv (``pipe_id`` is ignored)."""
+    _deprecated("sendrecv", "nki.lnc.sendrecv without pipe_id")
+    from . import lnc
+
+    return lnc.sendrecv(src=src, dst=dst, send_to_rank=send_to_rank, recv_from_rank=recv_from_rank, name=name)
+
+
+def sendrecv_compute(src, dst, send_to_rank, recv_from_rank, reduce_op, name=None):
+    """Deprecated: nki.lnc.sendrecv_compute."""
+    _deprecated("sendrecv_compute", "nki.lnc.sendrecv_compute")
+    from . import lnc
+
+    return lnc.sendrecv_compute(src=src, dst=dst, send_to_rank=send_to_rank, recv_from_rank=recv_from_rank,
+                                reduce_op=reduce_op, name=name)
+
+
+def core_barrier(data, cores, engine=engine.gpsimd, name=None):
+    """Deprecated: nki.lnc.core_barrier."""
+    _deprecated("core_barrier", "nki.lnc.core_barrier")
+    from . import lnc
+
+    return lnc.core_barrier(data=data, cores=cores, engine=engine, name=name)
+
+
+# -- calls the NKI Library uses --------------------------------------------------------------------------------
+
+_TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
+"""nki.isa.dma_transpose: the permutation by rank, and the only axes supported."""
+
+
+@instruction
+def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error, name=None):
+    """dst = src transposed by the DMA engine (nki.isa.dma_transpose): 2-d (1, 0), 3-d (2, 1, 0), 4-d
+    (3, 1, 2, 0); src in HBM or SBUF, dst in SBUF, of the same rank; ``dge_mode=hwdge`` (NeuronCore-v3+) needs
+    src.shape[0] == 16, src.shape[-1] % 128 == 0 and a 2-byte dtype."""
+    _tensor("dma_transpose", "dst", dst)
+    _tensor("dma_transpose", "src", src)
+    if src.buffer == "psum" or dst.buffer != "sbuf":
+        raise NkiError(f"nisa.dma_transpose: src {src.describe()} must be in HBM or SBUF and dst {dst.describe()} in "
+                       "SBUF")
+    if dst.ndim != src.ndim:
+        raise NkiError(f"nisa.dma_transpose: dst rank {dst.ndim} must equal src rank {src.ndim}")
+    want = _TRANSPOSE_AXES.get(src.ndim)
+    if want is None or (axes is not None and tuple(axes) != want):
+        raise NkiError(f"nisa.dma_transpose: axes {axes} of a rank-{src.ndim} src; supported: (1, 0), (2, 1, 0), "
+                       "(3, 1, 2, 0)")
+    if dge_mode == _Dge.hwdge:
+        if current().target.gen < 3:
+            raise NkiError("nisa.dma_transpose: dge_mode=hwdge needs NeuronCore-v3 or newer")
+        if src.shape[0] != 16 or src.shape[-1] % 128 or src.itemsize != 2:
+            raise NkiError(f"nisa.dma_transpose: dge_mode=hwdge needs src.shape[0] == 16, src.shape[-1] % 128 == 0 "
+                           f"and a 2-byte dtype; src is {list(src.shape)} {src.dtype}")
+    shape = tuple(src.shape[a] for a in want)
+    if tuple(dst.shape) != shape:
+        raise NkiError(f"nisa.dma_transpose: dst {list(dst.shape)} must be {list(shape)} (src {list(src.shape)} "
+                       f"transposed by {want})")
+    vals = np.transpose(src.read(), want)
+    dst.write(vals if src.dtype == dst.dtype else vals.astype(np.float32))
+    return NkiInstruction()
+
+
+def _free_reduce(call: str, op, values: np.ndarray) -> np.ndarray:
+    """Reduce (P, F) float32 values over the free axis with an ALU op."""
+    funcs = {"add": np.sum, "maximum": np.max, "minimum": np.min, "multiply": np.prod}
+    fn = funcs.get(getattr(op, "name", ""))
+    if fn is None:
+        if getattr(op, "name", "") == "subtract":
+            return values[:, :1] - values[:, 1:].sum(axis=1, keepdims=True)
+        raise NkiError(f"nisa.{call}: reduce_op {op!r}; supported: nl.add, nl.subtract, nl.multiply, nl.maximum, "
+                       "nl.minimum")
+    return fn(values, axis=1, keepdims=True).astype(np.float32)
+
+
+def _reduce_res(call: str, reduce_res, p: int) -> None:
+    _on_chip(call, "reduce_res", reduce_res)
+    if reduce_res.partitions() != p or reduce_res.per_partition() != 1:
+        raise NkiError(f"nisa.{call}: reduce_res {list(reduce_res.shape)} must be ({p}, 1): one element per "
+                       "partition")
+
+
+@instruction
+def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, reverse0=False,
+                         reduce_cmd=reduce_cmd.reset_reduce, reduce_init=None, reduce_res_negate=False, name=None):
+    """dst = data <op0> operand0 and reduce_res = reduce_op of dst over the free dims, on VectorE
+    (nki.isa.tensor_scalar_reduce: one arithmetic op0, no bitvec ops; reduce_op add, multiply, max or min)."""
+    _on_chip("tensor_scalar_reduce", "dst", dst)
+    _on_chip("tensor_scalar_reduce", "data", data)
+    _same_layout("tensor_scalar_reduce", dst, "dst", data, "data")
+    if getattr(op0, "bitvec", False):
+        raise NkiError(f"nisa.tensor_scalar_reduce: op0 {op0!r} is a bitvec op; only arithmetic ops are supported")
+    p = data.partitions()
+    r = _apply("tensor_scalar_reduce", op0, _pf(data), _operand("tensor_scalar_reduce", "operand0", operand0, p),
+               reverse0)
+    r = np.asarray(r, np.float32).reshape(p, -1)
+    _put(dst, r)
+    if reduce_res is not None:
+        _reduce_res("tensor_scalar_reduce", reduce_res, p)
+        red = _free_reduce("tensor_scalar_reduce", reduce_op, _pf(dst))
+        if reduce_cmd == _Cmd.load_reduce and reduce_init is not None:
+            init = _operand("tensor_scalar_reduce", "reduce_init", reduce_init, p)
+            red = _free_reduce("tensor_scalar_reduce", reduce_op,
+                               np.concatenate([np.broadcast_to(init, (p, 1)), red], axis=1))
+        _put(reduce_res, -red if reduce_res_negate else red)
+    return NkiInstruction()
+
+
+@instruction
+def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd=reduce_cmd.reset_reduce,
+                 reduce_res=None, reduce_op=None, range_start=0, on_false_value=0.0, name=None):
+    """dst = on_true_tile where comp_op0(i + range_start, bound0) and comp_op1(i + range_start, bound1) for the
+    free index i, else on_false_value; reduce_res = the max over the free dims (nki.isa.range_select, VectorE,
+    NeuronCore-v3+; bounds are (P, 1) tiles)."""
+    t = current().target
+    if t.gen < 3:
+        raise NkiError(f"nisa.range_select: available only on NeuronCore-v3 and newer, not {t.name}")
+    _on_chip("range_select", "dst", dst)
+    _on_chip("range_select", "on_true_tile", on_true_tile)
+    _same_layout("range_select", dst, "dst", on_true_tile, "on_true_tile")
+    p, f = on_true_tile.partitions(), on_true_tile.per_partition()
+    b0 = _operand("range_select", "bound0", bound0, p)
+    b1 = _operand("range_select", "bound1", bound1, p)
+    idx = np.arange(f, dtype=np.float32)[None, :] + np.float32(range_start)
+    cond = (comp_op0.binary(idx, b0) != 0) & (comp_op1.binary(idx, b1) != 0)
+    out = np.where(cond, _pf(on_true_tile), np.float32(on_false_value)).astype(np.float32)
+    _put(dst, out)
+    if reduce_res is not None:
+        if reduce_op is not None and getattr(reduce_op, "name", "") != "maximum":
+            raise NkiError(f"nisa.range_select: reduce_op {reduce_op!r}; the reduction is nl.maximum")
+        _reduce_res("range_select", reduce_res, p)
+        _put(reduce_res, _pf(dst).max(axis=1, keepdims=True))
+    return NkiInstruction()
+
+
+@instruction
+def tensor_partition_reduce(dst, op, data, name=None):
+    """dst[0, ...] = op over the partitions of data, on GpSimd (nki.isa.tensor_partition_reduce: add, max,
+    bitwise_or, bitwise_and, bitwise_xor; GpSimd cannot access PSUM)."""
+    _on_chip("tensor_partition_reduce", "dst", dst, allowed=("sbuf",))
+    _on_chip("tensor_partition_reduce", "data", data, allowed=("sbuf",))
+    if dst.partitions() != 1 or dst.per_partition() != data.per_partition():
+        raise NkiError(f"nisa.tensor_partition_reduce: dst {list(dst.shape)} must have one partition of the "
+                       f"{data.per_partition()} elements per partition of data")
+    name_ = getattr(op, "name", "")
+    if getattr(op, "bitvec", False) and name_ in ("bitwise_or", "bitwise_and", "bitwise_xor"):
+        vals = _pi(data)
+        r = vals[0]
+        for row in vals[1:]:
+            r = op.binary(r, row)
+    elif name_ == "add":
+        r = _pf(data).sum(axis=0)
+    elif name_ == "maximum":
+        r = _pf(data).max(axis=0)
+    else:
+        raise NkiError(f"nisa.tensor_partition_reduce: op {op!r}; supported: nl.add, nl.maximum, nl.bitwise_or, "
+                       "nl.bitwise_and, nl.bitwise_xor")
+    _put(dst, np.asarray(r).reshape(1, -1))
+    return NkiInstruction()
+
+
+@instruction
+def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
+    """Within each quadrant of 32 partitions, dst partition i = src partition shuffle_mask[i] (255: dst partition
+    left unchanged), on VectorE (nki.isa.nc_stream_shuffle: same dtype and elements per partition)."""
+    _on_chip("nc_stream_shuffle", "dst", dst)
+    _on_chip("nc_stream_shuffle", "src", src)
+    mask = [int(m) for m in shuffle_mask]
+    if len(mask) != 32 or any(not (0 <= m < 32 or m == 255) for m in mask):
+        raise NkiError(f"nisa.nc_stream_shuffle: shuffle_mask must be 32 partition indices 0-31 (or 255), got {mask}")
+    if dst.dtype != src.dtype or dst.per_partition() != src.per_partition():
+        raise NkiError(f"nisa.nc_stream_shuffle: dst {list(dst.shape)} {dst.dtype} must have the dtype and the "
+                       f"elements per partition of src {list(src.shape)} {src.dtype}")
+    p = dst.partitions()
+    if p != src.partitions() or (p > 32 and p % 32):
+        raise NkiError(f"nisa.nc_stream_shuffle: src and dst access {src.partitions()} and {p} partitions; both the "
+                       "same, up to 32 or a multiple of 32")
+    vals = src.read().reshape(src.partitions(), -1)
+    out = np.array(dst.read()).reshape(p, -1)
+    for i in range(p):
+        q, j = divmod(i, 32)
+        if mask[j] != 255:
+            k = q * 32 + mask[j]
+            if k >= src.partitions():
+                raise NkiError(f"nisa.nc_stream_shuffle: dst partition {i} reads src partition {k}, past the "
+                               f"{src.partitions()} accessed")
+            out[i] = vals[k]
+    dst.write(out.reshape(dst.shape))
+    return NkiInstruction()
+
+
 __all__ = [
-    "NkiInstruction", "NkiScalar", "VirtualRegister", "activation", "activation_reduce", "affine_select", "dge_mode",
-    "dma_copy", "engine", "get_nc_version", "iota", "matmul_perf_mode", "memset", "nc_matmul", "nc_transpose",
-    "nc_version", "oob_mode", "reciprocal", "reduce_cmd", "register_alloc", "register_load", "register_move",
-    "register_store", "scalar_load", "scalar_store", "scalar_tensor_tensor", "tensor_copy", "tensor_reduce",
-    "tensor_scalar", "tensor_tensor",
+    "NkiInstruction", "NkiScalar", "VirtualRegister", "activation", "activation_reduce", "affine_select",
+    "constants", "core_barrier", "dge_mode", "dma_copy", "dma_engine", "dma_transpose", "engine", "get_nc_version",
+    "gpsimd_engine", "iota",
+    "matmul_perf_mode", "memset", "nc_matmul", "nc_stream_shuffle", "nc_transpose", "nc_version", "oob_mode",
+    "range_select", "reciprocal", "reduce_cmd", "register_alloc", "register_load", "register_move", "register_store",
+    "scalar_engine", "scalar_load", "scalar_store", "scalar_tensor_tensor", "sendrecv", "sendrecv_compute",
+    "sync_engine", "tensor_copy", "tensor_engine", "tensor_partition_reduce", "tensor_reduce", "tensor_scalar",
+    "tensor_scalar_reduce", "tensor_tensor", "vector_engine",
 ]

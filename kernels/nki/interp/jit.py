@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 import ml_dtypes
@@ -11,8 +12,8 @@ import numpy as np
 from ....registry.neuron import lnc_configured
 from ..limits import simulated_target
 from .errors import NkiError
-from .state import Run, enter, leave
-from .tensor import NkiTensor, Storage, nki_dtype
+from .state import Launch, Run, active, enter, leave
+from .tensor import NkiTensor, wrap
 
 
 def _to_numpy(x: Any) -> tuple[np.ndarray, str]:
@@ -37,16 +38,8 @@ def _from_numpy(a: np.ndarray, kind: str):
     import torch
 
     if a.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(a.copy())
-
-
-def _check_arg(i: int, x: Any) -> None:
-    if isinstance(x, list):
-        raise NkiError(f"kernel argument {i} is a list; NKI kernels take tuples, not lists")
-    if isinstance(x, tuple):
-        for y in x:
-            _check_arg(i, y)
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(np.array(a))
 
 
 class Kernel:
@@ -67,6 +60,8 @@ class Kernel:
         return _Launch(self.fn, lnc)
 
     def __call__(self, *args, **kwargs):
+        if active():  # called from a running kernel: inlined, as specialization inlines calls
+            return self.fn(*args, **kwargs)
         return _Launch(self.fn, None)(*args, **kwargs)
 
 
@@ -75,51 +70,75 @@ class _Launch:
         self.fn, self.lnc = fn, lnc
 
     def degree(self) -> int:
-        """NKI 0.7 (docs: nki.jit; error NCC_EVRF066): ``kernel(...)`` takes the configured LNC degree
-        (NEURON_LOGICAL_NC_CONFIG, else 1); ``kernel[n](...)`` must match the configured degree, if any."""
+        """The LNC degree of the launch. NKI 0.8 (ANN_GRID; EVRF066): a kernel is specialized across every physical
+        core of the compiler's LNC, so ``kernel(...)`` needs no grid and takes the configured degree
+        (NEURON_LOGICAL_NC_CONFIG, else 1); a grid ``kernel[n](...)`` is kept for compatibility and must match the
+        configured degree, if any (NCC_EVRF066)."""
         configured = lnc_configured()
         if self.lnc is None:
             return configured or 1
         if configured is not None and self.lnc != configured:
             raise NkiError(f"kernel {self.fn.__name__!r} is configured with LNC={self.lnc}, but the compiler uses "
-                           f"LNC={configured} (NCC_EVRF066: the launch grid must match NEURON_LOGICAL_NC_CONFIG)")
+                           f"LNC={configured} (NCC_EVRF066: the launch grid must match NEURON_LOGICAL_NC_CONFIG; "
+                           "NKI 0.8 needs no grid)")
         return self.lnc
 
     def __call__(self, *args, **kwargs):
         target = simulated_target()
         lnc = self.degree()
-        buffer = "shared_hbm" if lnc > 1 or self.lnc else "hbm"
-        converted, inputs, kinds = [], [], []
-        for i, a in enumerate(args):
-            try:
-                arr, kind = _to_numpy(a)
-            except TypeError:
-                _check_arg(i, a)
-                converted.append(a)
-                continue
-            st = Storage(arr.shape, nki_dtype(arr.dtype), buffer, f"arg{i}", np.array(arr, copy=True))
-            t = NkiTensor(st, np.arange(arr.size, dtype=np.int64).reshape(arr.shape))
-            converted.append(t)
-            inputs.append((a, st, arr))
-            kinds.append(kind)
-        shared: list = []
-        result = None
-        for pid in range(lnc):
-            run = Run(target, lnc=lnc, program_id=pid, shared=shared)
+        buffer = "shared_hbm"  # inputs are visible to every program of the launch (nki/get-started/about/lnc.rst)
+        inputs: list = []
+        kinds: list = []
+        converted = [_argument(i, a, buffer, inputs, kinds) for i, a in enumerate(args)]
+        named = {k: _argument(k, v, buffer, inputs, kinds) for k, v in kwargs.items()}
+        launch = Launch(lnc)
+        results: dict[int, Any] = {}
+        errors: dict[int, BaseException] = {}
+
+        def program(pid: int) -> None:
+            run = Run(target, lnc=lnc, program_id=pid, launch=launch)
             prev = enter(run)
             try:
-                out = self.fn(*converted, **kwargs)
+                results[pid] = self.fn(*converted, **named)
                 run.memory.check()
+            except BaseException as e:  # reported by the launching thread
+                errors[pid] = e
             finally:
+                launch.end(pid)
                 leave(prev)
-            if pid == 0:
-                result = out
+
+        if lnc == 1:
+            program(0)
+        else:  # at once, so that exchanges between programs (nki.lnc.sendrecv) meet
+            threads = [threading.Thread(target=program, args=(pid,), name=f"nki-program-{pid}") for pid in range(lnc)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        if errors:
+            raise errors[min(errors)]
         for orig, st, arr in inputs:  # kernels may write their inputs in place: write back
-            new = st.data.reshape(arr.shape)
-            if not np.array_equal(new, arr, equal_nan=True) if new.dtype.kind == "f" else not np.array_equal(new, arr):
-                _write_back(orig, new)
+            if st.dirty:
+                _write_back(orig, st.data.reshape(arr.shape))
         kind = kinds[0] if kinds else "numpy"
-        return _outputs(result, kind)
+        return _outputs(results.get(0), kind)
+
+
+def _argument(key: int | str, a: Any, buffer: str, inputs: list, kinds: list) -> Any:
+    """A kernel argument (positional or keyword): arrays become HBM tensors (their own copy), tuples are converted
+    element by element."""
+    try:
+        arr, kind = _to_numpy(a)
+    except TypeError:
+        if isinstance(a, list):
+            raise NkiError(f"kernel argument {key} is a list; NKI kernels take tuples, not lists") from None
+        if isinstance(a, tuple):
+            return tuple(_argument(key, x, buffer, inputs, kinds) for x in a)
+        return a
+    t = wrap(arr, buffer, f"arg{key}" if isinstance(key, int) else key)
+    inputs.append((a, t.storage, arr))
+    kinds.append(kind)
+    return t
 
 
 def _write_back(orig, new: np.ndarray) -> None:
@@ -136,10 +155,10 @@ def _outputs(out, kind: str):
         return tuple(_outputs(o, kind) for o in out)
     if not isinstance(out, NkiTensor):
         raise NkiError(f"the kernel returned {type(out).__name__}; return tensors allocated in nl.shared_hbm")
-    if out.buffer != "shared_hbm":
+    if out.buffer != "shared_hbm" and not out.storage.is_input:
         raise NkiError(f"the kernel returned {out.describe()}; returned tensors must be allocated with "
-                       "buffer=nl.shared_hbm")
-    return _from_numpy(out.read().reshape(out.shape), kind)
+                       "buffer=nl.shared_hbm (or be an input the kernel wrote in place)")
+    return _from_numpy(np.array(out.read()), kind)
 
 
 def jit(fn=None, **kwargs):

@@ -1,6 +1,7 @@
 """``nki.language`` of the interpreter: buffers, dtypes, tile sizes, allocation, op tokens, helpers, loops.
 
-NKI 0.7 semantics (docs: nki/migration "Migrating from NKI 0.6.0 to NKI 0.7.0", nki/deep-dives/nki-loops.rst):
+NKI 0.7 semantics, unchanged in 0.8 (docs: nki/migration "Migrating from NKI 0.6.0 to NKI 0.7.0",
+nki/deep-dives/nki-loops.rst):
 Python loops are unrolled at specialization; ``affine_range``, ``sequential_range`` and ``static_range`` are
 deprecated aliases of ``range``; ``nl.dynamic_range`` is removed; ``fori_loop`` and ``while_loop`` are compiled
 loops whose index and condition are run-time values.
@@ -9,6 +10,8 @@ loops whose index and condition are run-time values.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import warnings
 
 import numpy as np
@@ -26,6 +29,58 @@ bool_, int8, int16, int32, int64 = "bool_", "int8", "int16", "int32", "int64"
 uint8, uint16, uint32 = "uint8", "uint16", "uint32"
 float16, bfloat16, float32, tfloat32 = "float16", "bfloat16", "float32", "tfloat32"
 float8_e4m3, float8_e4m3fn, float8_e5m2 = "float8_e4m3", "float8_e4m3fn", "float8_e5m2"
+float8_e5m2_x4, float8_e4m3fn_x4, float4_e2m1fn_x4 = "float8_e5m2_x4", "float8_e4m3fn_x4", "float4_e2m1fn_x4"
+"""Packed MX dtypes (four values per element); the interpreter stores and moves their bits, and computes on none."""
+
+
+class _NKIObjectType(type):
+    """Builds NKIObjects as the NKI Library does: keywords the class's ``__init__`` does not take (a ``@dataclass``
+    whose attributes carry no annotation, like attention_cte's ``SectionParams``) set those attributes after it."""
+
+    def __call__(cls, *args, **kwargs):
+        params = _init_params(cls)
+        extra = {k: v for k, v in kwargs.items() if params is not None and k not in params}
+        for k in extra:
+            if not hasattr(cls, k):
+                raise TypeError(f"{cls.__name__} has no attribute {k!r} to set")
+        obj = super().__call__(*args, **{k: v for k, v in kwargs.items() if k not in extra})
+        for k, v in extra.items():
+            object.__setattr__(obj, k, v)
+        return obj
+
+
+@functools.cache
+def _init_params(cls) -> frozenset | None:
+    """The keyword parameters of ``cls.__init__``; None where it takes any."""
+    sig = inspect.signature(cls.__init__)
+    if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+        return None
+    return frozenset(sig.parameters)
+
+
+class NKIObject(metaclass=_NKIObjectType):
+    """Base of the dataclass-like objects a kernel may take and build (NKI language guide: ``nl.NKIObject``
+    subclasses are kernel arguments). A subclass without ``@dataclass`` is still built like one, by position or
+    keyword from its annotated fields with their class defaults, then ``__post_init__`` (the NKI Library constructs
+    ``RmsNormQuantKernelArgs(nl.NKIObject)`` so); with ``@dataclass`` its own ``__init__`` applies."""
+
+    def __init__(self, *args, **kwargs):
+        names = [n for klass in reversed(type(self).__mro__) for n in getattr(klass, "__annotations__", {})]
+        names = list(dict.fromkeys(names))
+        if len(args) > len(names):
+            raise TypeError(f"{type(self).__name__} takes {len(names)} fields, got {len(args)} positional values")
+        values = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names:
+                raise TypeError(f"{type(self).__name__} has no field {k!r}; fields: {', '.join(names)}")
+            values[k] = v
+        for n in names:
+            if n not in values and not hasattr(type(self), n):
+                raise TypeError(f"{type(self).__name__}: missing field {n!r}")
+            object.__setattr__(self, n, values[n] if n in values else getattr(type(self), n))
+        post = getattr(self, "__post_init__", None)
+        if post is not None:
+            post()
 
 
 def is_hbm(b: str) -> bool:
@@ -182,6 +237,7 @@ with np.errstate(all="ignore"):
     mish = Fn("mish", unary=_u(lambda a: a * np.tanh(np.logaddexp(0, a))))
     erf = Fn("erf", unary=_u(_erf))
     gelu = Fn("gelu", unary=_u(lambda a: 0.5 * a * (1 + _erf(a / np.sqrt(2)))))
+    gelu_apprx_sigmoid = Fn("gelu_apprx_sigmoid", unary=_u(lambda a: a * _sigmoid(1.702 * a)))
     gelu_apprx_tanh = Fn("gelu_apprx_tanh",
                          unary=_u(lambda a: 0.5 * a * (1 + np.tanh(0.7978845608 * (a + 0.044715 * a ** 3)))))
     sin = Fn("sin", unary=_u(np.sin), domain=(-np.pi, np.pi, False))
@@ -193,10 +249,14 @@ with np.errstate(all="ignore"):
 
 
 def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None) -> NkiTensor:
-    """Uninitialised (NaN-filled, like the simulator). Returned tensors must use buffer=nl.shared_hbm."""
+    """Uninitialised (NaN-filled, like the simulator). Returned tensors must use buffer=nl.shared_hbm. On-chip
+    tensors may be placed with ``address=(partition, byte offset)``; they count in the capacity by the bytes they
+    cover."""
+    if address is not None and buffer not in ("sbuf", "psum"):
+        raise NkiError(f"nl.ndarray(address={address!r}, buffer=nl.{buffer}): only SBUF and PSUM tensors are placed")
     if buffer == "shared_hbm":
-        return current().shared_alloc(lambda: new_tensor(shape, dtype, buffer, name))
-    return new_tensor(shape, dtype, buffer, name)
+        return current().shared_alloc(lambda: new_tensor(shape, dtype, buffer, name), shape, dtype)
+    return new_tensor(shape, dtype, buffer, name, address)
 
 
 def full(shape, fill_value, dtype, buffer=sbuf, name: str = "") -> NkiTensor:
@@ -253,21 +313,19 @@ affine_range = _deprecated_range("affine_range")
 sequential_range = _deprecated_range("sequential_range")
 static_range = _deprecated_range("static_range")
 
-_reorder_fence = [0]
-
-
 @contextlib.contextmanager
 def no_reorder():
     """Instructions inside keep program order (the interpreter runs in program order anyway)."""
-    _reorder_fence[0] += 1
+    run = current()
+    run.no_reorder += 1
     try:
         yield
     finally:
-        _reorder_fence[0] -= 1
+        run.no_reorder -= 1
 
 
 def _compiled_loop(name: str) -> None:
-    if _reorder_fence[0]:
+    if current().no_reorder:
         raise NkiError(f"nl.{name} inside nl.no_reorder() is not supported; put no_reorder inside the loop body")
 
 
@@ -335,6 +393,19 @@ def store(dst: NkiTensor, value: NkiTensor) -> None:
     if value.buffer == "psum":
         raise NkiError("nl.store: the value is in PSUM; copy it to SBUF first (nisa.tensor_copy)")
     isa.dma_copy(dst=dst, src=value)
+
+
+_ALIASES = {"bool": bool_, "dtype": str}
+"""``nl.bool`` (the NKI Library's spelling of ``nl.bool_``) and ``nl.dtype``, the type of a dtype (dtypes are their
+names here: ``str(nl.float32) == "float32"``, as the library compares them); module attributes only, so that this
+module's own ``bool`` stays Python's."""
+
+
+def __getattr__(name: str):
+    try:
+        return _ALIASES[name]
+    except KeyError:
+        raise AttributeError(f"nki.language has no attribute {name!r} in the interpreter") from None
 
 
 __all__ = [n for n in dir() if not n.startswith("_")]

@@ -5,7 +5,10 @@ are unrolled at specialization (docs: nki/deep-dives/nki-loops.rst), so each ite
 allocations whose lives end at their last instruction. A compiled loop (``nl.fori_loop``, ``nl.while_loop``) is
 one body run many times: the tensors it allocates are allocated once for the whole loop, and every tensor it uses
 stays live until the loop ends (docs: nki/deep-dives/nki-dynamic-loops.rst, "Register Allocation Implications").
-The peak over the program is checked against the target's capacity when the launch ends.
+The peak over the program is checked against the target's capacity when the launch ends. A tensor placed with
+``address=(partition, byte offset)`` (nki.language.ndarray; the NKI Library's allocators place every tile) occupies
+those bytes: placed tensors that share addresses share them, and the bytes of every placed tensor live at an instant
+count once alongside the compiler-allocated ones.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from .errors import NkiError
 
@@ -27,6 +32,8 @@ class Interval:
     start: int
     end: int
     label: str
+    address: int | None = None
+    """The first byte within the partition of a tensor placed with ``address=``; None where the compiler places it."""
 
 
 @dataclass(eq=False)
@@ -64,7 +71,7 @@ class Memory:
     def capacity(self, buffer: str) -> int:
         return self.target.sbuf_partition_bytes if buffer == "sbuf" else self.target.psum_partition_bytes
 
-    def allocate(self, storage, shape, itemsize: int, buffer: str, name: str) -> None:
+    def allocate(self, storage, shape, itemsize: int, buffer: str, name: str, address=None) -> None:
         """Check one allocation alone and open its live range (one range per site within a compiled loop)."""
         t = self.target
         what = f"nl.ndarray({name + ', ' if name else ''}shape={list(shape)}, buffer=nl.{buffer})"
@@ -74,6 +81,17 @@ class Memory:
         if nbytes > cap:
             raise NkiError(f"{what}: {nbytes} bytes per partition exceed the {buffer.upper()} capacity of "
                            f"{cap} bytes per partition on {t.name}")
+        byte = None
+        if address is not None:
+            partition, byte = _placement(what, address)
+            if partition + shape[0] > t.partitions:
+                raise NkiError(f"{what}: address=({partition}, {byte}) places {shape[0]} partitions from partition "
+                               f"{partition}, past the {t.partitions} of {buffer.upper()}")
+            if byte + math.prod(shape[1:]) * itemsize > cap:
+                raise NkiError(f"{what}: address=({partition}, {byte}) places {math.prod(shape[1:]) * itemsize} bytes "
+                               f"per partition from byte {byte}, past the {buffer.upper()} capacity of {cap} bytes "
+                               f"per partition on {t.name}")
+            storage.partition0 = partition
         if self.loops:  # a compiled loop's body allocates once for the whole loop
             outer, inner = self.loops[0], self.loops[-1]
             site = _site()
@@ -82,10 +100,10 @@ class Memory:
             key = (site, n)
             iv = outer.slots.get(key)
             if iv is None:
-                iv = outer.slots[key] = Interval(buffer, nbytes, outer.start, outer.start, what)
+                iv = outer.slots[key] = Interval(buffer, nbytes, outer.start, outer.start, what, byte)
                 self.intervals.append(iv)
         else:
-            iv = Interval(buffer, nbytes, self.clock + 1, self.clock + 1, what)
+            iv = Interval(buffer, nbytes, self.clock + 1, self.clock + 1, what, byte)
             self.intervals.append(iv)
         storage.interval = iv
 
@@ -114,7 +132,8 @@ class Memory:
             self.loops[-1].touched |= loop.touched | set(loop.slots.values())
 
     def check(self) -> None:
-        """The peak of live bytes per partition, per buffer, against the capacity."""
+        """The peak of live bytes per partition, per buffer, against the capacity: the compiler-allocated tensors'
+        sizes plus the bytes covered by placed tensors (each byte once)."""
         for buffer in ("sbuf", "psum"):
             cap = self.capacity(buffer)
             events = []
@@ -123,13 +142,56 @@ class Memory:
                     events.append((iv.start, 1, iv))
                     events.append((iv.end + 1, 0, iv))  # releases sort before allocations at the same instant
             live, count = 0, 0
+            placed = _Coverage(cap)
             for _, kind, iv in sorted(events, key=lambda e: (e[0], e[1])):
                 if kind == 0:
-                    live, count = live - iv.nbytes, count - 1
+                    count -= 1
+                    if iv.address is None:
+                        live -= iv.nbytes
+                    else:
+                        placed.remove(iv.address, iv.nbytes)
                     continue
-                if live + iv.nbytes > cap:
-                    raise NkiError(f"{iv.label}: {buffer.upper()} full on {self.target.name}: {live} bytes per "
-                                   f"partition live in {count} tensor(s), {iv.nbytes} more requested, capacity {cap} "
-                                   "(live range: from allocation to last use; a compiled loop holds its tiles for "
-                                   "the whole loop)")
-                live, count = live + iv.nbytes, count + 1
+                if iv.address is None:
+                    total = live + placed.covered + iv.nbytes
+                else:
+                    total = live + placed.covered + placed.added(iv.address, iv.nbytes)
+                if total > cap:
+                    raise NkiError(f"{iv.label}: {buffer.upper()} full on {self.target.name}: "
+                                   f"{live + placed.covered} bytes per partition live in {count} tensor(s), "
+                                   f"{iv.nbytes} more requested, capacity {cap} (live range: from allocation to last "
+                                   "use; a compiled loop holds its tiles for the whole loop; placed tensors count the "
+                                   "bytes they cover)")
+                count += 1
+                if iv.address is None:
+                    live += iv.nbytes
+                else:
+                    placed.add(iv.address, iv.nbytes)
+
+
+class _Coverage:
+    """Bytes of one partition covered by placed tensors, each byte counted once."""
+
+    def __init__(self, cap: int):
+        self.depth = np.zeros(cap, np.int32)
+        self.covered = 0
+
+    def added(self, start: int, nbytes: int) -> int:
+        """Bytes a placement at ``start`` would add to the covered ones."""
+        return int(np.count_nonzero(self.depth[start:start + nbytes] == 0))
+
+    def add(self, start: int, nbytes: int) -> None:
+        self.covered += self.added(start, nbytes)
+        self.depth[start:start + nbytes] += 1
+
+    def remove(self, start: int, nbytes: int) -> None:
+        self.depth[start:start + nbytes] -= 1
+        self.covered -= int(np.count_nonzero(self.depth[start:start + nbytes] == 0))
+
+
+def _placement(what: str, address) -> tuple[int, int]:
+    """``address=(partition, byte offset)`` of nl.ndarray, both compile-time ints."""
+    if not (isinstance(address, tuple) and len(address) == 2
+            and all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) and a >= 0 for a in address)):
+        raise NkiError(f"{what}: address={address!r}: a placement is (partition, byte offset), two non-negative "
+                       "compile-time ints (nki.language.ndarray)")
+    return int(address[0]), int(address[1])

@@ -1,10 +1,10 @@
 """Tensors of the NKI interpreter: storage, views, indexing and access patterns.
 
-Every tensor is a storage (one flat NumPy array per allocation, in its NKI dtype)
-plus an integer array of element offsets into it, shaped like the tensor. Views,
-slices, permutations, broadcasts and ``.ap()`` access patterns are all just new
-offset arrays over the same storage, so reads gather and writes scatter, and
-indirect (``vector_offset`` / ``scalar_offset``) patterns need nothing special.
+Every tensor is a storage (one flat NumPy array per allocation, in its NKI dtype) and a NumPy strided view of it:
+slices, permutations, reshapes, broadcasts and static ``.ap()`` access patterns are views over the same memory,
+so a view costs nothing per element and reads and writes go straight to the storage. An access pattern with a
+run-time start (``scalar_offset``, ``vector_offset``) is a ``Dynamic`` tensor: one start per row and a strided
+pattern within the row, bounds-checked when it is used (``oob_mode``) before any memory is touched.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from .errors import NkiError
 from .scalar import NkiScalar, VirtualRegister
@@ -28,12 +29,15 @@ _NP = {
     "float8_e5m2": ml_dtypes.float8_e5m2, "float64": np.float64,
     "int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64,
     "uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32, "bool_": np.uint8,
+    # packed MX types (nki.language dtypes; four values per element): stored as their raw bits
+    "float8_e5m2_x4": np.uint32, "float8_e4m3fn_x4": np.uint32, "float4_e2m1fn_x4": np.uint16,
 }
+PACKED = ("float8_e5m2_x4", "float8_e4m3fn_x4", "float4_e2m1fn_x4")
 
 
 def np_dtype(dtype: str) -> np.dtype:
     try:
-        return np.dtype(_NP[dtype])
+        return np.dtype(_NP[str(dtype)])
     except KeyError:
         raise NkiError(f"unsupported dtype {dtype!r}; supported: {', '.join(_NP)}") from None
 
@@ -41,7 +45,7 @@ def np_dtype(dtype: str) -> np.dtype:
 def nki_dtype(arr_dtype: Any) -> str:
     d = np.dtype(arr_dtype)
     for name, t in _NP.items():
-        if np.dtype(t) == d and name not in ("tfloat32", "bool_"):
+        if np.dtype(t) == d and name not in ("tfloat32", "bool_") + PACKED:
             return name
     if d == np.bool_:
         return "bool_"
@@ -49,20 +53,28 @@ def nki_dtype(arr_dtype: Any) -> str:
 
 
 def is_float(dtype: str) -> bool:
+    if dtype in PACKED:
+        return False
     return np.issubdtype(np_dtype(dtype), np.floating) or dtype == "bfloat16" or dtype.startswith("float8")
 
 
 def cast(values: np.ndarray, dtype: str) -> np.ndarray:
     """Engine results (float32/float64) to a destination dtype: floats round, ints round half-even and saturate."""
     target = np_dtype(dtype)
+    values = np.asarray(values)
+    if values.dtype == target:
+        return values
     if np.issubdtype(target, np.integer):
+        if np.issubdtype(values.dtype, np.integer):
+            info = np.iinfo(target)
+            return np.clip(values, info.min, info.max).astype(target)
         info = np.iinfo(target)
         with np.errstate(invalid="ignore"):
             v = np.rint(np.asarray(values, dtype=np.float64))
         v = np.nan_to_num(v, nan=0.0, posinf=info.max, neginf=info.min)
         return np.clip(v, info.min, info.max).astype(target)
     with np.errstate(over="ignore", invalid="ignore"):
-        return np.asarray(values).astype(target)
+        return values.astype(target)
 
 
 class Storage:
@@ -76,11 +88,27 @@ class Storage:
         self.data = data.reshape(-1)
         self.written = np.zeros(self.data.size, bool) if buffer == "psum" else None
         self.interval = None  # the live range of an on-chip allocation (memory.Memory)
+        self.dirty = False
+        """Written by the kernel (an input is copied back to the caller's array only then)."""
+        self.partition0 = 0
+        """The first partition of an on-chip allocation (placed with ``address=``; else 0)."""
+        self.is_input = False
+        """A kernel argument: returnable whatever its buffer (a kernel may write an input in place and return it)."""
 
     @property
     def free_size(self) -> int:
         """Elements per partition of an on-chip allocation."""
         return math.prod(self.shape[1:])
+
+    def flat(self, dtype: str) -> np.ndarray:
+        """The storage's memory as a flat array of ``dtype`` (a reinterpretation where the element size differs)."""
+        want = np_dtype(dtype)
+        if want == self.data.dtype:
+            return self.data
+        if want.itemsize == self.data.dtype.itemsize:
+            return self.data.view(want)
+        nbytes = self.data.nbytes - self.data.nbytes % want.itemsize
+        return self.data.view(np.uint8)[:nbytes].view(want)
 
 
 def _normalize_key(key: Any, ndim: int) -> list:
@@ -93,26 +121,42 @@ def _normalize_key(key: Any, ndim: int) -> list:
     return key + [slice(None)] * (ndim - len(key))
 
 
-class NkiTensor:
-    """A tensor of the interpreter: a view (offset array) over a storage."""
+def _view(flat: np.ndarray, start: int, shape, strides) -> np.ndarray:
+    """A writeable strided view of ``flat`` from element ``start`` (strides in elements; callers check bounds)."""
+    item = flat.itemsize
+    return as_strided(flat[start:] if start < flat.size else flat[:0], shape=tuple(shape),
+                      strides=tuple(int(s) * item for s in strides), writeable=True)
 
-    def __init__(self, storage: Storage, offsets: np.ndarray, dtype: str | None = None):
+
+def extent(start: int, shape, strides) -> tuple[int, int]:
+    """The lowest and highest element offset a strided pattern touches (an empty one: start, start - 1)."""
+    if any(n == 0 for n in shape):
+        return start, start - 1
+    lo = start + sum(min(0, (n - 1) * s) for n, s in zip(shape, strides))
+    hi = start + sum(max(0, (n - 1) * s) for n, s in zip(shape, strides))
+    return lo, hi
+
+
+class NkiTensor:
+    """A tensor of the interpreter: a strided view over a storage."""
+
+    def __init__(self, storage: Storage, arr: np.ndarray, dtype: str | None = None):
         self.storage = storage
-        self.offsets = offsets
+        self.arr = arr
         self.dtype = dtype or storage.dtype
 
     # -- attributes ---------------------------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.offsets.shape)
+        return tuple(self.arr.shape)
 
     @property
     def ndim(self) -> int:
-        return self.offsets.ndim
+        return len(self.shape)
 
     @property
     def size(self) -> int:
-        return int(self.offsets.size)
+        return math.prod(self.shape)
 
     @property
     def buffer(self) -> str:
@@ -127,8 +171,20 @@ class NkiTensor:
         return self.storage.buffer in ON_CHIP
 
     @property
+    def itemsize(self) -> int:
+        return np_dtype(self.dtype).itemsize
+
+    @property
     def offset(self) -> int:
-        return int(self.offsets.reshape(-1)[0]) if self.offsets.size else 0
+        """The view's first element, in elements of its dtype from the start of the storage."""
+        flat = self.storage.flat(self.dtype)
+        delta = self.arr.__array_interface__["data"][0] - flat.__array_interface__["data"][0]
+        return delta // self.arr.itemsize
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """The view's strides in elements of its dtype."""
+        return tuple(s // self.arr.itemsize for s in self.arr.strides)
 
     def __repr__(self) -> str:
         return f"NkiTensor({self.name or 'unnamed'}, shape={self.shape}, dtype={self.dtype}, buffer={self.buffer})"
@@ -138,13 +194,18 @@ class NkiTensor:
 
     # -- values -------------------------------------------------------------------------------------------
     def read(self) -> np.ndarray:
-        return self.storage.data[self.offsets]
+        """The values (a view: callers that keep or change them copy)."""
+        return self.arr
 
     def write(self, values: np.ndarray) -> None:
-        values = np.broadcast_to(values, self.shape)
-        self.storage.data[self.offsets] = cast(values, self.storage.dtype)
+        self.arr[...] = cast(np.broadcast_to(values, self.shape), self.dtype)
+        self.storage.dirty = True
         if self.storage.written is not None:
-            self.storage.written[self.offsets] = True
+            self.mirror(self.storage.written)[...] = True
+
+    def mirror(self, flat: np.ndarray) -> np.ndarray:
+        """The same view over another flat array of the storage's length (e.g. PSUM's written flags)."""
+        return _view(flat, self.offset, self.shape, self.strides)
 
     def partitions(self) -> int:
         return self.shape[0] if self.ndim else 1
@@ -152,9 +213,25 @@ class NkiTensor:
     def per_partition(self) -> int:
         return math.prod(self.shape[1:]) if self.ndim > 1 else 1
 
+    def partition_rows(self) -> np.ndarray:
+        """The storage partition of each of the view's partitions (on chip: offset // free size)."""
+        p = self.partitions()
+        step = self.strides[0] if self.ndim else 0
+        rows = (self.offset + step * np.arange(p, dtype=np.int64)) // max(1, self.storage.free_size)
+        return rows + self.storage.partition0
+
+    def free_extent(self) -> tuple[int, int]:
+        """The lowest and highest element within a partition that the view touches."""
+        free = max(1, self.storage.free_size)
+        lo, hi = extent(self.offset % free, self.shape[1:], self.strides[1:])
+        return lo, hi
+
+    def overlaps(self, other: NkiTensor) -> bool:
+        return other.storage is self.storage and np.shares_memory(self.arr, other.arr, max_work=10 ** 6)
+
     # -- views --------------------------------------------------------------------------------------------
-    def _view(self, offsets: np.ndarray) -> NkiTensor:
-        return NkiTensor(self.storage, offsets, self.dtype)
+    def _with(self, arr: np.ndarray) -> NkiTensor:
+        return NkiTensor(self.storage, arr, self.dtype)
 
     def __getitem__(self, key: Any) -> NkiTensor:
         key = _normalize_key(key, self.ndim)
@@ -177,45 +254,81 @@ class NkiTensor:
             if isinstance(k, slice) and k.stop is not None and k.stop > self.shape[d]:
                 raise NkiError(f"slice {k.start}:{k.stop} runs past dim {d} of size {self.shape[d]} of "
                                f"{self.describe()}")
-        return self._view(self.offsets[tuple(key)])
+        return self._with(self.arr[tuple(key)])
 
     def __setitem__(self, key: Any, value: Any) -> None:
         target = self[key]
         target.write(value.read() if isinstance(value, NkiTensor) else np.asarray(value))
 
     def reshape(self, shape) -> NkiTensor:
-        shape = tuple(shape)
+        shape = tuple(int(s) for s in shape)
         if math.prod(shape) != self.size:
             raise NkiError(f"reshape of {self.describe()} to {list(shape)}: element counts differ")
         if self.on_chip and shape[0] != self.shape[0]:
             raise NkiError(f"reshape of on-chip {self.describe()} must keep the partition dim {self.shape[0]}")
-        return self._view(self.offsets.reshape(shape))
+        try:
+            arr = self.arr.reshape(shape, copy=False)
+        except ValueError:
+            raise NkiError(f"reshape of {self.describe()} to {list(shape)}: the view's strides "
+                           f"{list(self.strides)} cannot be merged without a copy") from None
+        return self._with(arr)
 
     def permute(self, dims) -> NkiTensor:
         dims = tuple(dims)
         if self.on_chip and dims[0] != 0:
             raise NkiError(f"permute of on-chip {self.describe()} must keep dim 0 (the partition dim) first")
-        return self._view(self.offsets.transpose(dims))
+        return self._with(self.arr.transpose(dims))
 
     def broadcast(self, dim: int, size: int) -> NkiTensor:
         if self.shape[dim] != 1:
             raise NkiError(f"broadcast of dim {dim} of {self.describe()}: the dim must have size 1")
         if self.on_chip and dim == 0:
             raise NkiError("broadcast along the partition dim is done with a matmul, not a view")
-        shape = list(self.shape)
-        shape[dim] = size
-        return self._view(np.broadcast_to(self.offsets, shape))
+        shape, strides = list(self.shape), list(self.arr.strides)
+        shape[dim], strides[dim] = size, 0
+        return self._with(as_strided(self.arr, shape=shape, strides=strides, writeable=True))
+
+    def broadcast_to(self, shape) -> NkiTensor:
+        out = self
+        for d, (have, want) in enumerate(zip(self.shape, shape)):
+            if have != want:
+                out = out.broadcast(d, want)
+        return out
 
     def expand_dim(self, dim: int) -> NkiTensor:
-        return self._view(np.expand_dims(self.offsets, dim))
+        return self._with(np.expand_dims(self.arr, dim))
 
     def squeeze_dim(self, dim: int) -> NkiTensor:
-        return self._view(np.squeeze(self.offsets, dim))
+        return self._with(np.squeeze(self.arr, dim))
+
+    def reshape_dim(self, dim: int, shape) -> NkiTensor:
+        """Split dim ``dim`` into ``shape`` (a view)."""
+        new = self.shape[:dim] + tuple(shape) + self.shape[dim + 1:]
+        return self.reshape(new)
+
+    def flatten_dims(self, start: int, end: int) -> NkiTensor:
+        """Merge dims ``start`` to ``end`` (inclusive) into one (a view)."""
+        new = self.shape[:start] + (math.prod(self.shape[start:end + 1]),) + self.shape[end + 1:]
+        return self.reshape(new)
 
     def slice(self, dim: int, start: int, end: int, step: int = 1) -> NkiTensor:
         key = [slice(None)] * self.ndim
         key[dim] = slice(start, end, step)
         return self[tuple(key)]
+
+    def select(self, dim: int, index) -> NkiTensor:
+        if isinstance(index, (int, np.integer)):
+            key: list = [slice(None)] * self.ndim
+            key[dim] = int(index)
+            return self[tuple(key)]
+        raise NkiError(f"select(dim={dim}, {type(index).__name__}): the interpreter takes an int index; use "
+                       ".ap(scalar_offset=...) for a run-time one")
+
+    def get_pattern(self) -> list[list[int]]:
+        return [[s, n] for s, n in zip(self.strides, self.shape)]
+
+    def is_contiguous(self) -> bool:
+        return bool(self.arr.flags.c_contiguous)
 
     def ap(self, pattern, offset: int | None = None, scalar_offset=None, vector_offset: NkiTensor | None = None,
            indirect_dim: int = 0, dtype: str | None = None) -> NkiTensor:
@@ -224,6 +337,7 @@ class NkiTensor:
         ``index * prod(base.shape[indirect_dim + 1:])``."""
         pattern = [tuple(p) for p in pattern]
         where = f".ap on {self.describe()}"
+        dtype = str(dtype) if dtype is not None else self.dtype
         if not pattern or any(len(p) != 2 for p in pattern):
             raise NkiError(f"{where}: pattern={pattern}: a pattern is a list of [step, count] pairs")
         if offset is not None and not (isinstance(offset, (int, np.integer)) and not isinstance(offset, bool)):
@@ -234,52 +348,47 @@ class NkiTensor:
         if not 0 <= indirect_dim < len(self.storage.shape):
             raise NkiError(f"{where}: indirect_dim={indirect_dim} is not a dim of the {len(self.storage.shape)}-d "
                            "base tensor")
-        base = self.offset if offset is None else int(offset)
-        free = self.storage.free_size
+        flat = self.storage.flat(dtype)
+        ratio = np_dtype(self.dtype).itemsize / flat.itemsize
+        base = int(self.offset * ratio) if offset is None else int(offset)
+        free = self.storage.free_size * self.storage.data.itemsize // flat.itemsize
         if self.on_chip and pattern[0][1] > 1 and pattern[0][0] != free:
             raise NkiError(f"{where}: the partition pair's step must be the storage's free size {free}, got "
                            f"{pattern[0][0]} (nki-aps.rst: the first pair of an on-chip pattern is the partition)")
         counts = [int(c) for _, c in pattern]
-        offs = np.full(counts, base, dtype=np.int64)
-        for axis, (step, count) in enumerate(pattern):
-            if axis == 0 and vector_offset is not None:
-                continue  # each partition's row comes from its index, at the base tensor's row stride
-            shape = [1] * len(counts)
-            shape[axis] = count
-            offs = offs + int(step) * np.arange(count, dtype=np.int64).reshape(shape)
-        row = math.prod(self.storage.shape[indirect_dim + 1:])
-        indices: list = []
-        if scalar_offset is not None:
-            offs = offs + self._scalar_index(scalar_offset, where) * row
-            if isinstance(scalar_offset, NkiTensor):
-                indices.append(scalar_offset.storage)
-        if vector_offset is not None:
-            if self.on_chip:
-                raise NkiError(f"{where}: vector_offset indexes an HBM tensor (nki.isa.dma_copy: 'the tensor being "
-                               "indexed must be in HBM')")
-            if indirect_dim != 0:
-                raise NkiError(f"{where}: vector_offset works on indirect_dim=0 only")
-            if not isinstance(vector_offset, NkiTensor) or vector_offset.buffer != "sbuf":
-                raise NkiError(f"{where}: vector_offset must be an SBUF tile (P, 1) of row indices")
-            idx = np.asarray(vector_offset.read()).astype(np.int64).reshape(-1)
-            if idx.size != counts[0]:
-                raise NkiError(f"{where}: vector_offset has {idx.size} indices for {counts[0]} partitions")
-            offs = offs + idx.reshape([-1] + [1] * (len(counts) - 1)) * row
-            indices.append(vector_offset.storage)
-        dynamic = scalar_offset is not None or vector_offset is not None
-        view = _Indirect(self.storage, offs, dtype or self.dtype, dynamic, vector_offset is not None, indices)
-        if not dynamic:
-            bad = view.bad()
-            if bad.any():
+        steps = [int(s) for s, _ in pattern]
+        row = math.prod(self.storage.shape[indirect_dim + 1:]) * self.storage.data.itemsize // flat.itemsize
+        if scalar_offset is None and vector_offset is None:
+            lo, hi = extent(base, counts, steps)
+            if lo < 0 or hi >= flat.size:
                 raise NkiError(f"{where}: pattern {pattern} from offset {base} reaches element "
-                               f"{int(offs[bad].reshape(-1)[0])}, outside the {self.storage.data.size} elements of "
-                               "the tensor")
-            if self.on_chip and len(counts) > 1:
-                rows = offs.reshape(counts[0], -1) // free
-                if (rows != rows[:, :1]).any():
+                               f"{lo if lo < 0 else hi}, outside the {flat.size} elements of the tensor")
+            if self.on_chip and len(counts) > 1 and counts[0] > 0:
+                first = base % free
+                lo, hi = extent(first, counts[1:], steps[1:])
+                if lo < 0 or hi >= free:
                     raise NkiError(f"{where}: pattern {pattern} from offset {base} runs past the end of a partition "
                                    f"({free} elements each); an on-chip access stays within its partitions")
-        return view
+            return NkiTensor(self.storage, _view(flat, base, counts, steps), dtype)
+        indices: list = []
+        if scalar_offset is not None:
+            starts = np.array([base + self._scalar_index(scalar_offset, where) * row], np.int64)
+            if isinstance(scalar_offset, NkiTensor):
+                indices.append(scalar_offset.storage)
+            return Dynamic(self.storage, dtype, starts, counts, steps, per_row=False, indices=indices)
+        if self.on_chip:
+            raise NkiError(f"{where}: vector_offset indexes an HBM tensor (nki.isa.dma_copy: 'the tensor being "
+                           "indexed must be in HBM')")
+        if indirect_dim != 0:
+            raise NkiError(f"{where}: vector_offset works on indirect_dim=0 only")
+        if not isinstance(vector_offset, NkiTensor) or vector_offset.buffer != "sbuf":
+            raise NkiError(f"{where}: vector_offset must be an SBUF tile (P, 1) of row indices")
+        idx = np.asarray(vector_offset.read()).astype(np.int64).reshape(-1)
+        if idx.size != counts[0]:
+            raise NkiError(f"{where}: vector_offset has {idx.size} indices for {counts[0]} partitions")
+        indices.append(vector_offset.storage)
+        # each partition's row comes from its index, at the base tensor's row stride
+        return Dynamic(self.storage, dtype, base + idx * row, counts, steps, per_row=True, indices=indices)
 
     def _scalar_index(self, x, where: str) -> int:
         """The value of a scalar_offset: a 1x1 SBUF tile, an NkiScalar or a VirtualRegister."""
@@ -297,34 +406,121 @@ class NkiTensor:
         raise NkiError(f"{where}: scalar_offset must be a (1, 1) SBUF tile, an NkiScalar or a VirtualRegister, got "
                        f"{type(x).__name__}")
 
-    def view(self, dtype: str) -> NkiTensor:
-        if np_dtype(dtype).itemsize != np_dtype(self.dtype).itemsize:
-            raise NkiError("view(dtype) with a different element size is not supported by the interpreter")
-        st = Storage(self.storage.shape, dtype, self.buffer, self.name, self.storage.data.view(np_dtype(dtype)))
-        st.interval, st.written = getattr(self.storage, "interval", None), self.storage.written
-        return NkiTensor(st, self.offsets, dtype)
+    def view(self, dtype) -> NkiTensor:
+        """The same bytes as ``dtype``; a different element size rescales the last dim, which must be contiguous."""
+        dtype = str(dtype)
+        new = np_dtype(dtype)
+        if new.itemsize != self.arr.itemsize and self.ndim and self.strides[-1] != 1:
+            raise NkiError(f"view({dtype}) of {self.describe()}: the last dim must be contiguous to change the "
+                           "element size")
+        return NkiTensor(self.storage, self.arr.view(new), dtype)
 
     def is_indirect(self) -> bool:
         return False
 
 
-class _Indirect(NkiTensor):
-    """An access pattern: dynamic offsets may fall outside the storage (checked when used, per oob_mode)."""
+class Dynamic(NkiTensor):
+    """An access pattern with run-time starts: ``starts`` (one per partition row for ``vector_offset``, one for
+    ``scalar_offset``) plus a static strided pattern. Offsets outside the storage are checked when used, per
+    ``oob_mode``, before any memory is touched."""
 
-    def __init__(self, storage, offsets, dtype, dynamic: bool, vector: bool = False, indices=()):
-        super().__init__(storage, offsets, dtype)
-        self.dynamic, self.vector, self.indices = dynamic, vector, tuple(indices)
+    def __init__(self, storage: Storage, dtype: str, starts: np.ndarray, counts, steps, per_row: bool, indices=()):
+        self.storage, self.dtype = storage, dtype
+        self.starts, self.per_row, self.indices = starts, per_row, tuple(indices)
+        self.counts, self.steps = list(counts), list(steps)
+        self.inner = (self.counts[1:], self.steps[1:]) if per_row else (self.counts, self.steps)
+        self.vector = per_row
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.counts)
+
+    @property
+    def offset(self) -> int:
+        return int(self.starts[0]) if self.starts.size else 0
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return tuple(self.steps)
 
     def is_indirect(self) -> bool:
-        return self.dynamic
+        return True
 
-    def bad(self) -> np.ndarray:
-        return (self.offsets < 0) | (self.offsets >= self.storage.data.size)
+    def _flat(self) -> np.ndarray:
+        return self.storage.flat(self.dtype)
+
+    def read_dtype(self) -> np.dtype:
+        return np_dtype(self.dtype)
+
+    def bad_rows(self) -> np.ndarray:
+        """Which rows (of ``starts``) reach outside the storage."""
+        size = self._flat().size
+        lo, hi = extent(0, *self.inner)
+        return (self.starts + lo < 0) | (self.starts + hi >= size)
+
+    def first_bad(self) -> int:
+        bad = self.bad_rows()
+        s = int(self.starts[bad][0])
+        lo, hi = extent(s, *self.inner)
+        return lo if lo < 0 else hi
+
+    def rows(self, keep: np.ndarray | None = None) -> list[np.ndarray | None]:
+        """A strided view per row (None for a row not kept)."""
+        flat = self._flat()
+        return [_view(flat, int(s), *self.inner) if keep is None or keep[i] else None
+                for i, s in enumerate(self.starts)]
+
+    def _check(self, use: str) -> None:
+        if self.bad_rows().any():
+            raise NkiError(f"{use}: the dynamic access pattern reaches element {self.first_bad()} outside "
+                           f"{self.name or 'the tensor'} of {self._flat().size} elements")
+
+    def read(self) -> np.ndarray:
+        self._check("read")
+        rows = self.rows()
+        return np.stack(rows) if self.per_row else rows[0]
+
+    def write(self, values: np.ndarray) -> None:
+        self._check("write")
+        values = np.broadcast_to(values, self.shape)
+        for i, r in enumerate(self.rows()):
+            r[...] = cast(values[i] if self.per_row else values, self.dtype)
+        self.storage.dirty = True
+        if self.storage.written is not None:
+            for s in self.starts:
+                _view(self.storage.written, int(s), *self.inner)[...] = True
+
+    def mirror(self, flat: np.ndarray) -> np.ndarray:
+        self._check("read")
+        rows = [_view(flat, int(s), *self.inner) for s in self.starts]
+        return np.stack(rows) if self.per_row else rows[0]
+
+    def partition_rows(self) -> np.ndarray:
+        free = max(1, self.storage.free_size)
+        if self.per_row:
+            return self.starts // free + self.storage.partition0
+        rows = (self.starts[0] + self.steps[0] * np.arange(self.counts[0], dtype=np.int64)) // free
+        return rows + self.storage.partition0
+
+    def free_extent(self) -> tuple[int, int]:
+        free = max(1, self.storage.free_size)
+        return extent(int(self.starts[0]) % free, self.counts[1:], self.steps[1:])
+
+    def overlaps(self, other: NkiTensor) -> bool:
+        return other.storage is self.storage
+
+    def __getitem__(self, key):
+        raise NkiError("a dynamic access pattern (scalar_offset/vector_offset) cannot be indexed further; build the "
+                       "pattern you need with .ap()")
+
+    def reshape(self, shape):
+        raise NkiError("a dynamic access pattern cannot be reshaped; build the pattern you need with .ap()")
 
 
-def new_tensor(shape, dtype: str, buffer: str, name: str = "") -> NkiTensor:
+def new_tensor(shape, dtype: str, buffer: str, name: str = "", address=None) -> NkiTensor:
     """Allocate (NaN-filled, like the simulator); on-chip tensors open a live range in the launch's memory."""
     shape = tuple(int(s) for s in shape)
+    dtype = str(dtype)
     if buffer in ON_CHIP and not shape:
         raise NkiError(f"nl.ndarray(shape=[], buffer=nl.{buffer}): on-chip tensors have a partition dim")
     if buffer in ON_CHIP and dtype == "float64":
@@ -332,5 +528,12 @@ def new_tensor(shape, dtype: str, buffer: str, name: str = "") -> NkiTensor:
                        "floats are float32, tfloat32, bfloat16, float16 or float8")
     st = Storage(shape, dtype, buffer, name)
     if buffer in ON_CHIP:
-        current().memory.allocate(st, shape, np_dtype(dtype).itemsize, buffer, name)
-    return NkiTensor(st, np.arange(st.data.size, dtype=np.int64).reshape(shape))
+        current().memory.allocate(st, shape, np_dtype(dtype).itemsize, buffer, name, address)
+    return NkiTensor(st, st.data.reshape(shape), dtype)
+
+
+def wrap(arr: np.ndarray, buffer: str, name: str) -> NkiTensor:
+    """A kernel argument: its own copy of ``arr`` in HBM."""
+    st = Storage(arr.shape, nki_dtype(arr.dtype), buffer, name, np.array(arr, copy=True))
+    st.is_input = True
+    return NkiTensor(st, st.data.reshape(arr.shape))

@@ -1,0 +1,111 @@
+"""Peak memory of a region: one method for a kernel's region and the compiler's, and for ``verify``'s full step.
+
+A region's peak is the most memory it holds at once above what was live before it, counted in three parts:
+
+- PyTorch's allocations on the region's device: the running sum of the profiler's allocation and free events
+  (the profiler does not report the free of a block allocated before it started, so freeing older memory never
+  offsets the region's own), at its peak;
+- numpy's buffers, which numpy reports to ``tracemalloc`` (an output a kernel makes with numpy, a kernel's
+  scratch arrays), at their own peak; Python's own objects come with them, a few KiB;
+- every block of the CPU kernels' reused memory (``kernels._outputs``) that the region takes an output from, whole,
+  as held through the region: the pool keeps it, in use or not. A block the pool makes during the region is a numpy
+  buffer already counted as one.
+
+The parts are added. Where numpy's peak and PyTorch's fall at different moments the sum is above the true peak,
+never below it; the compiler's code allocates no numpy memory, so that can only count against a kernel. Not
+counted: what numba's runtime allocates inside ``@njit`` code (the pack makes its outputs outside it).
+
+The profiler and tracemalloc slow what they watch: the tuner and ``verify`` run a region once more, untimed, to
+measure it (``peak_bytes``), never while timing.
+"""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+
+import torch
+
+MIB = 2**20
+
+
+def mib(nbytes: int) -> float:
+    """Bytes as MiB, to four significant digits (as a table records them)."""
+    return float(f"{nbytes / MIB:.4g}")
+
+
+def _start(prof) -> None:
+    """Start the profiler. Kineto prints two lines on every start and stop of the profiler unless its log level,
+    read from the environment once when the profiler first starts, says otherwise: that level is set for the
+    start only (a user's own setting stands)."""
+    if "KINETO_LOG_LEVEL" in os.environ:
+        prof.start()
+        return
+    os.environ["KINETO_LOG_LEVEL"] = "6"  # above every level kineto prints
+    try:
+        prof.start()
+    finally:
+        os.environ.pop("KINETO_LOG_LEVEL", None)
+
+
+@contextmanager
+def _numpy_peak(out: dict[str, int]) -> Iterator[None]:
+    """The peak of memory ``tracemalloc`` traces (numpy's buffers, and Python's objects) during the block, above
+    what it traced when the block began, into ``out["numpy"]``."""
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    tracemalloc.reset_peak()
+    try:
+        yield
+    finally:
+        out["numpy"] = max(0, tracemalloc.get_traced_memory()[1] - before)
+        if started:
+            tracemalloc.stop()
+
+
+def _device(event) -> str:
+    kind = event.device_type().name
+    return torch._C._get_privateuse1_backend_name() if kind == "PrivateUse1" else kind.lower()
+
+
+def peak_bytes(fn: Callable[[], object], device: str = "cpu") -> int:
+    """The peak bytes one call of ``fn`` holds at once above what was live before it (the module's docstring
+    says what counts)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..kernels import _outputs
+
+    kind = torch.device(device).type
+    host = kind == "cpu"  # numpy's buffers and the pool's blocks are host memory
+    held = _outputs.held()
+    parts: dict[str, int] = {}
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    _start(prof)
+    try:
+        with torch.profiler.record_function("nki_autotune::peak_bytes"):
+            pass  # its first use imports modules: before the count starts, not inside it
+        with _numpy_peak(parts) if host else nullcontext():
+            fn()
+    finally:
+        prof.stop()
+    made = _outputs.held() - held  # blocks the pool made meanwhile: numpy buffers, counted by tracemalloc
+    allocations, pooled = [], {}
+    for e in prof.profiler.kineto_results.events():
+        if e.name() == "[memory]":
+            if _device(e) == kind:
+                allocations.append((e.start_ns(), e.nbytes()))
+        elif host and e.name().startswith(_outputs.MARK):
+            address, nbytes = e.name()[len(_outputs.MARK):].split()
+            pooled[address] = int(nbytes)
+    live = peak = 0
+    for _, n in sorted(allocations):
+        live += n
+        peak = max(peak, live)
+    return peak + parts.get("numpy", 0) + max(0, sum(pooled.values()) - made)
+
+
+__all__ = ["MIB", "mib", "peak_bytes"]
