@@ -101,4 +101,21 @@ def pytest_collection_modifyitems(config, items):
         for name in info.names_closure:
             defs = info.name2fixturedefs.get(name)
             if defs and defs[-1].scope in _WIDE and defs[-1].baseid.startswith("tests"):
-                item.add_marker(pytest.mark.xdist_group(f"{defs[-1].baseid}::{name}"))
+                item.add_marker(pytest.mark.xdist_group(f"{os.path.basename(defs[-1].baseid)}:{name}"))
+    if getattr(config.option, "loadgroup", False):
+        _name_groups(items)
+
+
+def _name_groups(items) -> None:
+    """Each grouped test's id ends in ``@<group>``, which is how xdist's controller, which sees ids only, groups
+    tests. xdist 3.8 writes it to ``item._nodeid``, which pytest 9.2 no longer reads (its ids are ``item._id``):
+    here it is written where pytest reads it, as xdist names it. Where ``_id`` is absent, xdist's own write works."""
+    try:
+        from _pytest.nodeid import coerce_node_id
+    except ImportError:
+        return
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})
+        if groups and hasattr(item, "_id") and "@" not in item.nodeid:
+            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(groups)}")
