@@ -31,6 +31,7 @@ def test_selftest_reports_why_the_neuron_backend_is_unavailable(tmp_path):
         assert item in text
 
 
+@pytest.mark.timeout(600)  # the tuner's real measurement of two keys whose kernel runs in the NKI interpreter
 def test_selftest_runs_every_step_where_torchneuron_is_present(monkeypatch):
     StandIn("trn2", lnc=2).install(monkeypatch)
     monkeypatch.setattr(NeuronBackend, "device", "cpu")
