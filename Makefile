@@ -19,9 +19,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
+# Two workers (tests/README.md: what they share, how tests are grouped); the slowest tests listed at the end.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 # The main job: record the example's training step (a Hugging Face Llama patched with the pack), tune
 # every call site against the compiler (studies in the embedded SQLite default, so a second run reuses
@@ -35,7 +37,7 @@ demo: $(STAMP)
 	$(VENV)/bin/nki-autotune verify out/dispatch.yaml examples/train.py:make_step --rounds 12 --json out/verify.json
 
 bench: $(STAMP)
-	$(PY) -m pytest benchmarks -q --benchmark-columns=median,iqr,rounds --benchmark-sort=name
+	$(PY) -m pytest benchmarks -q --timeout 1200 --benchmark-columns=median,iqr,rounds --benchmark-sort=name
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

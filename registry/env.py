@@ -117,8 +117,15 @@ def read_settings(env: Mapping[str, str]) -> Settings:
         record=record,
         record_samples=_flag(RECORD_SAMPLES, env.get(RECORD_SAMPLES, "")),
         log=_flag(LOG, env.get(LOG, "")),
-        cache_dir=os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nki-autotune"),
+        cache_dir=user_cache_dir(env),
     )
+
+
+def user_cache_dir(env: Mapping[str, str]) -> str:
+    """``$XDG_CACHE_HOME/nki-autotune``, else ``~/.cache/nki-autotune``. The folder is the process's, not a switch:
+    ``env`` without ``XDG_CACHE_HOME`` (``scope()``'s switches alone) takes the process environment's."""
+    base = env.get("XDG_CACHE_HOME") or os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "nki-autotune")
 
 
 def switch_variables(env: Mapping[str, str] | None = None) -> dict[str, str]:

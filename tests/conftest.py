@@ -9,6 +9,11 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().pa
 for _var in [v for v in os.environ if v.startswith("NKI_AUTOTUNE_")]:
     del os.environ[_var]
 
+# Parallel runs (pytest-xdist) and the suite's time budget: tests/parallel.py, imported before the package reads
+# its settings. Its hook and fixture act from here; keep other fixtures below.
+from .parallel import SEED, own_user_cache, pytest_collection_modifyitems  # noqa: E402, F401
+
+# isort: split
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

@@ -154,9 +154,11 @@ def test_dynamic_shapes_take_the_compiler_path_without_a_break(switches, dynamic
     for rows in (8, 12, 20):
         loss, x, w = _run(fn, (rows, 64), steps=1)
         with torch.no_grad():
+            x, w = x.double(), w.double()
             h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w * 2.0 + x
-            ref = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * w).sum()
-        assert rel_err(loss.detach(), ref) < 1e-5
+            terms = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+        # relative to the terms' magnitude: their sum may cancel to near zero
+        assert abs(loss.item() - terms.sum().item()) < 1e-5 * terms.abs().sum().item()
     assert counters["graph_break"] == {}
     static = graphs.forward[:1] if dynamic is None else []  # automatic: the first shape is traced static
     assert all(FWD in targets(g) for g in static)

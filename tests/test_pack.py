@@ -15,8 +15,8 @@ import nki_autotune.kernels as nk
 from nki_autotune.registry import explain, get_op
 
 from .helpers import as64, float32_floor, rel_err, run_with_grads
+from .parallel import SEED
 
-SEED = random.SystemRandom().randrange(2**31)
 RNG = random.Random(SEED)
 
 

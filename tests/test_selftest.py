@@ -3,6 +3,7 @@ TorchNeuron (here the stand-in, the CPU playing the neuron device) it runs every
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 
@@ -30,6 +31,7 @@ def test_selftest_reports_why_the_neuron_backend_is_unavailable(tmp_path):
         assert item in text
 
 
+@pytest.mark.timeout(600)  # the tuner's real measurement of two keys whose kernel runs in the NKI interpreter
 def test_selftest_runs_every_step_where_torchneuron_is_present(monkeypatch):
     StandIn("trn2", lnc=2).install(monkeypatch)
     monkeypatch.setattr(NeuronBackend, "device", "cpu")
@@ -38,6 +40,8 @@ def test_selftest_runs_every_step_where_torchneuron_is_present(monkeypatch):
     monkeypatch.setattr(NeuronBackend, "compile",
                         lambda self, fn: torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=False))
     monkeypatch.setattr(st, "TUNING_SHAPES", ((8, 32), (16, 48)))
+    # a machine disturbed by other work (the other test worker) is measured again at once, not after 5 s
+    monkeypatch.setattr(st, "Options", functools.partial(st.Options, pause_s=0.0))
     code, text = st.selftest(seed=3, names=("rmsnorm",))
     assert code == 0, text
     assert "| neuron backend | available |" in text and "| device | trn2 |" in text and "| logical_cores | 2 |" in text

@@ -34,6 +34,16 @@ def test_defaults():
     assert (s.kernels, dict(s.per_op), s.tables, s.strict, s.record) == ("auto", {}, (), False, None)
 
 
+def test_the_study_folder_is_the_processs_user_cache_under_any_switches(tmp_path, monkeypatch):
+    """The default study storage's folder is not a switch: scoped switches keep the process's XDG_CACHE_HOME."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with scope(NKI_AUTOTUNE_KERNELS="off"):
+        assert settings().cache_dir == str(tmp_path / "nki-autotune")
+    assert read_settings({"XDG_CACHE_HOME": "/elsewhere"}).cache_dir == "/elsewhere/nki-autotune"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert read_settings({}).cache_dir == os.path.expanduser("~/.cache/nki-autotune")
+
+
 @pytest.mark.parametrize("var, raw", [
     ("NKI_AUTOTUNE_KERNELS", "maybe"),
     ("NKI_AUTOTUNE_KERNELS", "cpu_rows"),  # impl names are per-op only

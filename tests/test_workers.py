@@ -78,8 +78,10 @@ def postgres():
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture(params=["journal", "postgresql"])
+@pytest.fixture(params=["journal", pytest.param("postgresql", marks=pytest.mark.xdist_group("postgres"))])
 def storage(request, tmp_path):
+    """A fresh study storage. The server is asked for by name, which pytest cannot see ahead: the mark keeps the
+    tests that start it on one xdist worker, so it starts once."""
     if request.param == "journal":
         return f"journal:///{tmp_path}/studies.log"
     url = request.getfixturevalue("postgres")
