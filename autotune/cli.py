@@ -371,7 +371,9 @@ def _on_sigterm() -> Callable[[], None]:
 
 def cmd_check(args, console: Console) -> int:
     registry = _heavy(args.imports)
-    from .check import check_all
+    from .check import check_all, isolated
+    from .measure import MeasureOptions
+    from .worker import Worker, default_memory_limit
 
     names = tuple(o.strip() for o in args.ops.split(",")) if args.ops else None
     if names:
@@ -379,7 +381,13 @@ def cmd_check(args, console: Console) -> int:
         if unknown:
             raise UsageError(f"--ops names unknown op(s) {', '.join(unknown)}; "
                              f"known: {', '.join(sorted(registry.ops()))}")
-    rows = check_all(names, seed=args.seed)
+    memory = int(args.memory * 2**30) if args.memory else default_memory_limit()
+    worker = Worker("cpu", MeasureOptions(seed=args.seed), args.imports, memory, limits=("--timeout", "--memory"))
+    try:
+        rows = check_all(names, seed=args.seed, run=isolated(worker, args.timeout),
+                         listener=lambda r: r.died and console.print(f"[red]{r.impl}[/]: {r.error}"))
+    finally:
+        worker.close(wait_s=0)
     t = RichTable(title="numerics against the float64 reference")
     for col in ("impl", "run", "inputs", "mode", "error", "tolerance", "result"):
         t.add_column(col, overflow="fold")
@@ -603,6 +611,10 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="numerics of every impl against the float64 reference")
     c.add_argument("--ops", default=None)
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--timeout", type=_positive, default=300.0,
+                   help="seconds one impl may take on one example (as run's --trial-timeout); a hung impl is killed")
+    c.add_argument("--memory", type=_positive, default=None,
+                   help="GiB the worker may use (as run's --trial-memory; default: 80%% of the machine's memory)")
     _imports(c)
     c.set_defaults(fn=cmd_check)
 
