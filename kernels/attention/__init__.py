@@ -7,6 +7,7 @@ import torch
 
 from ...registry import call
 from . import cpu as _cpu  # noqa: F401  (registers attention.cpu_flash)
+from . import nki as _nki  # noqa: F401  (registers attention.nki_flash)
 from .op import ATTENTION
 
 
