@@ -183,3 +183,11 @@ def test_compiled_with_no_graph_break_and_no_recompile(switches, gen, fresh):
     ref = sdpa(q.double(), k.double(), v.double(), mask).square().sum() + sdpa(
         q.double(), k.double(), v.double(), causal=True, scale=0.5).sum()
     assert abs(loss.item() - ref.item()) <= 1e-5 * abs(ref.item())
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "bool-mask"])
+def test_opcheck(gen, masked):
+    q, k, v = (t.requires_grad_() for t in _qkv(gen, 1, 2, 1, 5, 7, 8))
+    mask = _padding(gen, 1, 5, 7) if masked else None
+    cfg = IMPL.config_values(IMPL.default)
+    torch.library.opcheck(IMPL.fwd_op, (q, k, v, mask, not masked, None, *cfg))
