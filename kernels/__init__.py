@@ -27,6 +27,7 @@ if __name__ == "kernels":
         _spec.loader.exec_module(_module)
 else:
     from ..registry.switches import check_switches, current
+    from .attention import attention
     from .cross_entropy import cross_entropy
     from .embedding import embedding
     from .rmsnorm import rmsnorm
@@ -39,4 +40,4 @@ else:
     check_switches(registered_only=True)  # a user's module may register more ops after the pack
     current()
 
-__all__ = ["cross_entropy", "embedding", "rmsnorm", "rope", "segment_sum", "softmax", "swiglu"]
+__all__ = ["attention", "cross_entropy", "embedding", "rmsnorm", "rope", "segment_sum", "softmax", "swiglu"]

@@ -33,8 +33,8 @@ FAMILIES = {  # config class, model class, what the family adds to the tiny conf
 }
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=96, max_position_embeddings=64, pad_token_id=0, tie_word_embeddings=False)
-SITES = {"llama": {"rmsnorm": 5, "swiglu": 2, "rope": 2, "cross_entropy": 1, "embedding": 1},
-         "qwen3": {"rmsnorm": 9, "swiglu": 2, "rope": 2, "cross_entropy": 1, "embedding": 1}}
+SITES = {"llama": {"rmsnorm": 5, "swiglu": 2, "rope": 2, "attention": 2, "cross_entropy": 1, "embedding": 1},
+         "qwen3": {"rmsnorm": 9, "swiglu": 2, "rope": 2, "attention": 2, "cross_entropy": 1, "embedding": 1}}
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
@@ -204,7 +204,7 @@ def test_unpatch_restores_the_forwards_and_the_rotary_function(switches):
 
     switches(NKI_AUTOTUNE_KERNELS="on")
     gc.collect()  # models other tests patched and dropped count as unpatched
-    original = modeling.apply_rotary_pos_emb
+    original, interface = modeling.apply_rotary_pos_emb, modeling.ALL_ATTENTION_FUNCTIONS
     assert original.__module__ == modeling.__name__ and not hasattr(original, "__wrapped__")
     ref, model, other = build("llama"), build("llama"), build("llama")
     before = {n: p for n, p in model.named_parameters()}
@@ -220,7 +220,7 @@ def test_unpatch_restores_the_forwards_and_the_rotary_function(switches):
     hf.unpatch(model)
     assert modeling.apply_rotary_pos_emb is not original  # `other` is still patched
     hf.unpatch(other)
-    assert modeling.apply_rotary_pos_emb is original
+    assert modeling.apply_rotary_pos_emb is original and modeling.ALL_ATTENTION_FUNCTIONS is interface
     dropped = build("llama")
     hf.patch(dropped)
     assert modeling.apply_rotary_pos_emb is not original
