@@ -17,6 +17,7 @@ from .test_compile import Graphs, targets
 
 OP = get_op("linear_cross_entropy")
 CPU = OP.impls["cpu_chunks"]
+NKI = OP.impls["nki_tiled"]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
@@ -41,9 +42,10 @@ def grads(fn, hidden, weight, target, bias, seed=2.5):
 def kernel(impl=CPU, chunk=64, threads=2, ignore_index=-100, reduction="mean", softcap=None):
     """The impl's operator itself, with its config (three chunks of 64 over 150 tokens), told every gradient."""
     def fn(h, w, t, b):
+        if impl is not CPU:
+            return impl.fwd_op(h, w, t, b, ignore_index, reduction, softcap, 64, chunk)[0]
         needs = 0b011 if b is None else 0b111
-        config = (threads, chunk) if impl is CPU else (128, 512)
-        return impl.fwd_op(h, w, t, b, ignore_index, reduction, softcap, *config, needs)[0]
+        return impl.fwd_op(h, w, t, b, ignore_index, reduction, softcap, threads, chunk, needs)[0]
     return fn
 
 
@@ -155,3 +157,14 @@ def test_compiled_is_one_graph_with_the_kernel_and_no_recompile(gen, switches):
     assert str(CPU.kernel_op) in targets(graphs.forward[0]) and str(CPU.bwd_op) in targets(graphs.backward[0])
     assert "aten.mm.default" not in targets(graphs.forward[0])  # no logits outside the kernel
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dtype, bias, reduction, softcap", [(torch.float32, True, "mean", None),
+                                                            (torch.bfloat16, False, "sum", 4.0)], ids=str)
+def test_nki_loss_and_every_gradient_match_float64_through_the_interpreter(gen, dtype, bias, reduction, softcap):
+    """Three token tiles of 64 (the last short), a vocabulary of two forward chunks of 128 and gradient blocks of
+    128 (the last short), a hidden dim over two K tiles of 128 (the bias column makes it 161)."""
+    ins = inputs(gen, n=150, h=160, v=200, bias=bias, dtype=dtype)
+    ins = (ins[0] * (3 if softcap else 1), *ins[1:])
+    check(kernel(NKI, chunk=128, reduction=reduction, softcap=softcap), ins, dtype, reduction=reduction,
+          softcap=softcap)

@@ -6,6 +6,7 @@ import torch
 
 from ...registry import call, integer
 from . import cpu as _cpu  # noqa: F401  (registers linear_cross_entropy.cpu_chunks)
+from . import nki as _nki  # noqa: F401  (registers linear_cross_entropy.nki_tiled)
 from .op import LINEAR_CROSS_ENTROPY
 
 

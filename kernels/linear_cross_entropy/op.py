@@ -72,6 +72,6 @@ LINEAR_CROSS_ENTROPY = register_op(Op(
         ((((1, 3), "float32"), ((5, 3), "float32"), ((1,), "int64"), None), {}),
         ((((9, 16), "float32"), ((70, 16), "float32"), ((9,), "int64"), ((70,), "float32")), {"reduction": "sum"}),
         ((((37, 32), "float32"), ((1000, 32), "float32"), ((37,), "int64"), None), {"softcap": 3.0}),
-        ((((300, 64), "float32"), ((2048, 64), "float32"), ((300,), "int64"), None), {}),
+        ((((130, 64), "float32"), ((700, 64), "float32"), ((130,), "int64"), None), {}),
     ),
 ))
