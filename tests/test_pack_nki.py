@@ -64,6 +64,8 @@ def _fresh_key(name: str, rng: random.Random, dtype: str) -> Key:
         "segment_sum": ([((n, 5), dtype), ((n,), "int64")], {"num_segments": d + 1}),
         "attention": ([((2, 2, n, 16), dtype), ((2, 1, d, 16), dtype), ((2, 1, d, 8), dtype), None],
                       {"causal": n <= d}),
+        "linear_cross_entropy": ([((n, 8), dtype), ((d + 1, 8), dtype), ((n,), "int64"), None],
+                                 {"ignore_index": -100, "reduction": "mean", "softcap": None}),
     }[name]
     return key_of(name, "training", shapes[0], shapes[1])
 
