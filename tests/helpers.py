@@ -54,5 +54,5 @@ def key_of(op: str, mode: str, inputs, attrs=()):
     attributes not given take the op's defaults."""
     from nki_autotune.registry import Key, TensorSpec, get_op
 
-    specs = tuple(TensorSpec(tuple(s), d) for s, d in inputs)
+    specs = tuple(None if i is None else TensorSpec(tuple(i[0]), i[1]) for i in inputs)  # None: an absent optional
     return Key.of(get_op(op), specs, {**get_op(op).defaults, **dict(attrs)}, mode)

@@ -92,7 +92,7 @@ def rmsnorm_case(draw) -> Case:
     shape = (*draw(st.lists(dims, max_size=2)), draw(wide.filter(lambda d: d != 1)))  # rows of one: declined
     x = draw(specials(strided_rows(draw, gen, shape, dtype)))
     w = draw(specials(randn(gen, shape[-1:], dtype, 1.0)))
-    return Case("rmsnorm", (x, w), (draw(st.sampled_from([1e-6, 1e-5])),))
+    return Case("rmsnorm", (x, w), (draw(st.sampled_from([1e-6, 1e-5])), draw(st.sampled_from([0.0, 1.0]))))
 
 
 @st.composite
@@ -202,7 +202,7 @@ def rmsnorm_dx_terms(tensors: tuple, attrs: tuple, seeds: list) -> torch.Tensor:
     float32 formula, PyTorch's included."""
     x, w = (t.double() for t in tensors)
     rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + attrs[0])
-    return (seeds[0] * w * rstd).abs()
+    return (seeds[0] * (w + attrs[1]) * rstd).abs()
 
 
 def softmax_dx_terms(tensors: tuple, attrs: tuple, seeds: list) -> torch.Tensor:
@@ -369,7 +369,7 @@ def test_rmsnorm_gradients_overflow_where_the_expression_does():
         else:
             dy[at], x[(at[0] + 1) % 3, at[1]] = -3e38, 2e19
         cfg = impl.config_values(impl.configs()[trial % len(impl.configs())])
-        got = run(lambda a, b, cfg=cfg: impl.fwd_op(a, b, 1e-6, *cfg)[0], (x, w), [0, 1], [dy])[1]
+        got = run(lambda a, b, cfg=cfg: impl.fwd_op(a, b, 1e-6, 0.0, *cfg)[0], (x, w), [0, 1], [dy])[1]
         want = run(lambda a, b: ref(a, b, 1e-6), (x, w), [0, 1], [dy])[1]
         for g, r, what in zip(got, want, ("grad x", "grad weight")):
             assert_like_pytorch(g, r, r, torch.zeros(r.shape, dtype=torch.float64), f"trial {trial}: {what}")
