@@ -29,6 +29,7 @@ else:
     from ..registry.switches import check_switches, current
     from .cross_entropy import cross_entropy
     from .embedding import embedding
+    from .geglu import geglu
     from .rmsnorm import rmsnorm
     from .rope import rope
     from .segment_sum import segment_sum
@@ -39,4 +40,4 @@ else:
     check_switches(registered_only=True)  # a user's module may register more ops after the pack
     current()
 
-__all__ = ["cross_entropy", "embedding", "rmsnorm", "rope", "segment_sum", "softmax", "swiglu"]
+__all__ = ["cross_entropy", "embedding", "geglu", "rmsnorm", "rope", "segment_sum", "softmax", "swiglu"]

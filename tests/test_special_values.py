@@ -103,11 +103,14 @@ def softmax_case(draw) -> Case:
     return Case("softmax", (x,), (draw(st.sampled_from([-1, len(shape) - 1])),))
 
 
-@st.composite
-def swiglu_case(draw) -> Case:
-    dtype, gen = draw(st.sampled_from(DTYPES)), draw(generators())
-    shape = (*draw(st.lists(dims, max_size=2)), draw(wide))
-    return Case("swiglu", (draw(specials(randn(gen, shape, dtype))), draw(specials(randn(gen, shape, dtype)))), ())
+def gated_case(name: str):
+    """``act(gate) * up``: swiglu, geglu."""
+    @st.composite
+    def case(draw) -> Case:
+        dtype, gen = draw(st.sampled_from(DTYPES)), draw(generators())
+        shape = (*draw(st.lists(dims, max_size=2)), draw(wide))
+        return Case(name, (draw(specials(randn(gen, shape, dtype))), draw(specials(randn(gen, shape, dtype)))), ())
+    return case
 
 
 def heads(draw, gen, b, h, s, d, dtype) -> torch.Tensor:
@@ -172,8 +175,9 @@ def segment_sum_case(draw) -> Case:
     return Case("segment_sum", (src, index), (segs,))
 
 
-CASES = {"rmsnorm": rmsnorm_case, "softmax": softmax_case, "swiglu": swiglu_case, "rope": rope_case,
-         "cross_entropy": cross_entropy_case, "embedding": embedding_case, "segment_sum": segment_sum_case}
+CASES = {"rmsnorm": rmsnorm_case, "softmax": softmax_case, "swiglu": gated_case("swiglu"), "geglu": gated_case("geglu"),
+         "rope": rope_case, "cross_entropy": cross_entropy_case, "embedding": embedding_case,
+         "segment_sum": segment_sum_case}
 
 
 def key_of(case: Case) -> Key:
