@@ -30,6 +30,7 @@ else:
     from .attention import attention
     from .cross_entropy import cross_entropy
     from .embedding import embedding
+    from .geglu import geglu
     from .linear_cross_entropy import linear_cross_entropy
     from .rmsnorm import rmsnorm
     from .rope import rope
@@ -41,5 +42,5 @@ else:
     check_switches(registered_only=True)  # a user's module may register more ops after the pack
     current()
 
-__all__ = ["attention", "cross_entropy", "embedding", "linear_cross_entropy", "rmsnorm", "rope", "segment_sum",
-           "softmax", "swiglu"]
+__all__ = ["attention", "cross_entropy", "embedding", "geglu", "linear_cross_entropy", "rmsnorm", "rope",
+           "segment_sum", "softmax", "swiglu"]

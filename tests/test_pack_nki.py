@@ -57,6 +57,7 @@ def _fresh_key(name: str, rng: random.Random, dtype: str) -> Key:
         "rmsnorm": ([((n, d), dtype), ((d,), dtype)], {"eps": 1e-6}),
         "softmax": ([((n, d), dtype)], {"dim": -1}),
         "swiglu": ([((n, d), dtype), ((n, d), dtype)], {}),
+        "geglu": ([((n, d), dtype), ((n, d), dtype)], {}),
         "rope": ([((2, 3, n, 2 * d), dtype), ((2, 1, n, 2 * d), dtype), ((2, n, 2 * d), dtype),
                   ((2, n, 2 * d), dtype)], {}),
         "cross_entropy": ([((n, d + 1), dtype), ((n,), "int64")], {"ignore_index": -100}),
