@@ -44,8 +44,8 @@ def example_key(op: Op, inputs: tuple, extra: dict, mode: str) -> Key:
 
 
 def check_all(names: tuple[str, ...] | None = None, seed: int = 0, backend: str | None = None) -> list[CheckRow]:
-    """Every impl (of ``backend`` only, when given) on its op's examples (an example input may be None: an absent
-    optional tensor), in both modes where the op has a gradient."""
+    """Every impl (of ``backend`` only, when given) on its op's examples and its own (an example input may be None:
+    an absent optional tensor), in both modes where the op has a gradient."""
     rows = []
     gen = torch.Generator().manual_seed(seed)
     for op in ops().values():
@@ -55,7 +55,7 @@ def check_all(names: tuple[str, ...] | None = None, seed: int = 0, backend: str 
             if backend is not None and impl.backend != backend:
                 continue
             device, how = _device(impl)
-            for inputs, extra in op.examples:
+            for inputs, extra in impl.all_examples:
                 for mode in ("inference", "training") if op.differentiable else ("inference",):
                     key = example_key(op, inputs, extra, mode)
                     if device is None:
