@@ -20,7 +20,7 @@ from nkilib.experimental.loss.cross_entropy import cross_entropy_backward, cross
 
 from ...registry import Impl, Key, TensorSpec
 from ...registry.neuron import logical_cores
-from ..cross_entropy.op import CROSS_ENTROPY, fake, shape_problem
+from ..cross_entropy.op import CROSS_ENTROPY, fake, kernel_problem
 from ..nki import nl
 from ..nki.launch import run
 from ..nki.tiles import P_MAX, fits_sbuf
@@ -45,7 +45,7 @@ def _dtype(config: dict):
 def _targets(target: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The targets as the kernels take them (int32, class 0 in place of an ignored one) and the valid mask."""
     valid = target != ignore_index
-    return torch.where(valid, target, 0).to(torch.int32), valid
+    return torch.where(valid, target, 0).clamp(-(2**31), 2**31 - 1).to(torch.int32), valid  # saturated: stays out
 
 
 def forward(tensors, attrs, config):
@@ -78,14 +78,10 @@ def sbuf_bytes(chunk: int, fp32: int) -> int:
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
-    why = shape_problem(specs, attrs)
+    why = kernel_problem(specs, attrs)
     if why:
         return why
     x, t = specs
-    if x.numel == 0:
-        return "empty logits"
-    if x.dtype not in ("float32", "bfloat16") or t.dtype not in ("int64", "int32"):
-        return f"logits {x.dtype}, target {t.dtype} (supports float32/bfloat16 logits, int targets)"
     if not (x.is_contiguous and t.is_contiguous):
         return "non-contiguous inputs"
     if x.shape[1] > 1 << 24:
