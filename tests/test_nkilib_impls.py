@@ -10,8 +10,6 @@ a hidden size of 256 or 512.
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -20,12 +18,12 @@ from nki_autotune.autotune.check import example_key
 from nki_autotune.autotune.inputs import make_inputs
 from nki_autotune.autotune.numerics import check_impl
 from nki_autotune.kernels import nkilib
-from nki_autotune.kernels.nki import REAL, install, nki
+from nki_autotune.kernels.nki import REAL, nki
 from nki_autotune.registry import TensorSpec, get_op
 
 from .helpers import key_of
 from .test_cli import cli, cli_here
-from .test_nkilib import VAR, _root
+from .test_nkilib import VAR, _root, on_path
 from .test_torchneuron import _twin, standin  # noqa: F401  (the stand-in TorchNeuron fixture)
 
 pytestmark = [
@@ -39,27 +37,12 @@ NAMES = ("rope.nkilib_hf", "cross_entropy.nkilib", "rmsnorm.nkilib_tkg")
 @pytest.fixture(scope="module")
 def impls():
     """The library's impls, registered for this module's tests; sys.path, sys.modules and the registry restored."""
-    root = str(_root())
-    before = dict(sys.modules)
-    sys.path.insert(0, root)
-    try:
-        install()
+    with on_path():
         got = nkilib.register()
-        yield {i.qualname: i for i in got}
-    finally:
-        nkilib.unregister()
-        sys.path.remove(root)
-        for name in set(sys.modules) - set(before):
-            if name == "nki" or name.startswith(("nki.", "nkilib")):
-                del sys.modules[name]
-
-
-@pytest.fixture
-def lnc(monkeypatch):
-    def set_degree(n: int) -> None:
-        monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", str(n))
-
-    return set_degree
+        try:
+            yield {i.qualname: i for i in got}
+        finally:
+            nkilib.unregister()
 
 
 def _check(impl, key, config=None, samples=None):
