@@ -70,6 +70,18 @@ def test_registered_where_the_library_imports_with_the_kernels_parameters(impls)
     assert nkilib.register() == list(impls.values())  # back, with the operators they had
 
 
+def test_the_library_kernels_source_is_the_impls_source(impls):
+    """A new release of the library (bundled with another neuronx-cc, or a pip-installed nki-library) retunes."""
+    from nki_autotune.registry.sources import source_modules
+
+    mods = {n: source_modules(impls[n].module) for n in NAMES}
+    assert {"nkilib.core.embeddings.rope_hf", "nkilib.core.utils.kernel_helpers"} <= set(mods["rope.nkilib_hf"])
+    assert {"nkilib.experimental.loss.cross_entropy", "nkilib.experimental.loss.validation"} <= set(
+        mods["cross_entropy.nkilib"])
+    assert "nkilib.core.subkernels.rmsnorm_tkg" in mods["rmsnorm.nkilib_tkg"]
+    assert "nki_autotune.kernels.rope.op" in mods["rope.nkilib_hf"]
+
+
 @pytest.mark.parametrize("degree", [1, 2])
 @pytest.mark.parametrize("name", NAMES)
 def test_numerics_against_float64_on_its_examples(impls, lnc, name, degree):
@@ -185,3 +197,13 @@ def test_a_process_registers_them_at_import_where_nkilib_is_on_its_path(impls):
     r = cli("list", env={"PYTHONPATH": str(_root()), "COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
     assert "NKI Library (nkilib, " in r.stdout and "rope.nkilib_hf" in r.stdout
+
+
+def test_selftest_compiles_each_on_its_own_example(impls):
+    """``selftest`` compiles every NKI impl on the first example it takes: the library's are their own."""
+    from nki_autotune.autotune.selftest import _first_key
+
+    for name in NAMES:
+        impl = impls[name]
+        inputs, extra = impl.examples[0]
+        assert _first_key(impl) == example_key(impl.op, inputs, extra, "inference")

@@ -25,6 +25,9 @@ from ..nki import nl
 from ..nki.launch import run
 from ..nki.tiles import P_MAX, fits_sbuf
 
+SOURCE_FAMILIES = ("nkilib",)
+"""The library's kernel and its helpers count as this impl's source (``registry.sources``): a new release retunes."""
+
 POSITIONS = (8, 16, 32, 64, 128)
 """The library's candidate ``positions_per_batch`` (powers of 2 up to P_MAX)."""
 CHUNKS = (0, 2048, 4096, 8192, 16384, 32768, 65535)

@@ -24,6 +24,9 @@ from ..nki.launch import run
 from ..nki.tiles import P_MAX, fits_sbuf
 from ..rmsnorm.op import RMSNORM, shape_problem
 
+SOURCE_FAMILIES = ("nkilib",)
+"""The library's kernel and its helpers count as this impl's source (``registry.sources``): a new release retunes."""
+
 RMSNORM_TKG = nki.jit(rmsnorm_tkg)
 """The library's function (a sub-kernel, not marked ``nki.jit`` itself) as a kernel of its own."""
 _ITEM = {"float32": 4, "bfloat16": 2, "float16": 2}

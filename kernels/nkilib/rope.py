@@ -21,6 +21,9 @@ from ..nki.launch import run
 from ..nki.tiles import P_MAX, fits_sbuf
 from ..rope.op import ROPE, fake, rotate_half, shape_problem
 
+SOURCE_FAMILIES = ("nkilib",)
+"""The library's kernel and its helpers count as this impl's source (``registry.sources``): a new release retunes."""
+
 COALESCED = 8
 """Sequence tiles the kernel loads at once (its NUM_COALESCE_TILES)."""
 _ITEM = {"float32": 4, "bfloat16": 2}
