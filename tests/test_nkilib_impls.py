@@ -200,10 +200,11 @@ def test_a_process_registers_them_at_import_where_nkilib_is_on_its_path(impls):
 
 
 def test_selftest_compiles_each_on_its_own_example(impls):
-    """``selftest`` compiles every NKI impl on the first example it takes: the library's are their own."""
+    """``selftest`` compiles every NKI impl on the first example it takes: rope's and rmsnorm's take none of their
+    op's."""
     from nki_autotune.autotune.selftest import _first_key
 
-    for name in NAMES:
+    for name in ("rope.nkilib_hf", "rmsnorm.nkilib_tkg"):
         impl = impls[name]
         inputs, extra = impl.examples[0]
         assert _first_key(impl) == example_key(impl.op, inputs, extra, "inference")
