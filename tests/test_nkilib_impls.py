@@ -199,12 +199,10 @@ def test_a_process_registers_them_at_import_where_nkilib_is_on_its_path(impls):
     assert "NKI Library (nkilib, " in r.stdout and "rope.nkilib_hf" in r.stdout
 
 
-def test_selftest_compiles_each_on_its_own_example(impls):
-    """``selftest`` compiles every NKI impl on the first example it takes: rope's and rmsnorm's take none of their
-    op's."""
+def test_selftest_compiles_rope_hf_on_its_own_example(impls):
+    """``selftest`` compiles every NKI impl on the first example it takes: rope_hf takes none of its op's."""
     from nki_autotune.autotune.selftest import _first_key
 
-    for name in ("rope.nkilib_hf", "rmsnorm.nkilib_tkg"):
-        impl = impls[name]
-        inputs, extra = impl.examples[0]
-        assert _first_key(impl) == example_key(impl.op, inputs, extra, "inference")
+    impl = impls["rope.nkilib_hf"]
+    inputs, extra = impl.examples[0]
+    assert _first_key(impl) == example_key(impl.op, inputs, extra, "inference")
