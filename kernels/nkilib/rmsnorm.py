@@ -42,7 +42,7 @@ def forward(tensors, attrs, config):
     h = x.shape[-1]
     rows = x.numel() // h
     out = x.new_empty((P_MAX, rows, h // P_MAX))
-    out = run(RMSNORM_TKG, x.device)(x.reshape(1, rows, h), w.reshape(1, h), out, attrs["eps"], None,
+    out = run(RMSNORM_TKG, x.device)(x.reshape(1, rows, h), w.reshape(1, h), out, attrs["eps"], h,
                                      bool(config["hidden_dim_tp"]), bool(config["single_core_forced"]),
                                      bool(config["shard_on_h"]))
     out = out.to(x.device)
