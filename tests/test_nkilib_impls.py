@@ -193,7 +193,8 @@ def test_list_and_check_show_them(impls, capsys, monkeypatch):
 
 
 def test_a_process_registers_them_at_import_where_nkilib_is_on_its_path(impls):
-    """What the README says: with a copy on PYTHONPATH the pack's import registers the library's impls."""
+    """What the README says: with a copy on PYTHONPATH the pack's import registers the library's impls. A process
+    of its own, since the import at start is the point (5-7 s of CPU, as every command in a process)."""
     r = cli("list", env={"PYTHONPATH": str(_root()), "COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
     assert "NKI Library (nkilib, " in r.stdout and "rope.nkilib_hf" in r.stdout
