@@ -234,6 +234,8 @@ def cmd_list(args, console: Console) -> int:
         names = ", ".join(i.qualname for op in registry.ops().values() for i in op.impls.values()
                           if i.module.startswith(nkilib.__name__ + "."))
         console.print(f"NKI Library (nkilib, {nkilib.origin()}): {names}")
+        for module, why in nkilib.MISSING.items():
+            console.print(f"NKI Library: [yellow]no impl from kernels/nkilib/{module}.py[/]: {why}")
     else:
         console.print(f"NKI Library: [yellow]no impls[/]: {nkilib.WHY_NOT}")
     s = RichTable(title="switches (read at import)")

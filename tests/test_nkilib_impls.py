@@ -10,6 +10,8 @@ a hidden size of 256 or 512.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -68,6 +70,27 @@ def test_registered_where_the_library_imports_with_the_kernels_parameters(impls)
     nkilib.unregister()
     assert all(i.name not in get_op(n.split(".")[0]).impls for n, i in impls.items())
     assert nkilib.register() == list(impls.values())  # back, with the operators they had
+
+
+def test_a_kernel_missing_from_the_library_leaves_the_others(impls, monkeypatch):
+    """Another release of the library may lack a kernel (or change it): its impl is left out, saying why."""
+    monkeypatch.setattr(nkilib, "WHY_NOT", nkilib.WHY_NOT)  # restored at the end
+    monkeypatch.setattr(nkilib, "_impls", [])
+    monkeypatch.setattr(nkilib, "MISSING", {})
+    monkeypatch.setattr(nkilib, "MODULES", ("rope", "no_such_kernel"))
+    assert nkilib.register() == [impls["rope.nkilib_hf"]] and nkilib.WHY_NOT is None
+    assert "ModuleNotFoundError" in nkilib.MISSING["no_such_kernel"]
+    monkeypatch.setattr(nkilib, "_impls", [])
+    monkeypatch.setattr(nkilib, "MODULES", ("no_such_kernel",))
+    assert nkilib.register() == [] and "nkilib does not import here (no_such_kernel: " in nkilib.WHY_NOT
+
+
+def test_without_nkilib_on_the_path_nothing_registers_and_it_says_why(impls, monkeypatch):
+    monkeypatch.setattr(nkilib, "WHY_NOT", nkilib.WHY_NOT)  # restored at the end
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(_root())])
+    monkeypatch.delitem(sys.modules, "nkilib")
+    monkeypatch.setattr(nkilib, "_impls", [])
+    assert nkilib.register() == [] and "put a copy of the NKI Library on the path" in nkilib.WHY_NOT
 
 
 def test_the_library_kernels_source_is_the_impls_source(impls):

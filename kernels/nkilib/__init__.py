@@ -27,6 +27,9 @@ MODULES = ("rope", "cross_entropy", "rmsnorm")
 
 WHY_NOT: str | None = "not tried yet"
 """None once the library's impls are registered; else why they are not (for people: ``nki-autotune list``)."""
+MISSING: dict[str, str] = {}
+"""Modules of ``MODULES`` whose library kernel does not import here (another release of the library), and why:
+the others are registered without them."""
 
 _impls: list[Impl] = []
 
@@ -43,22 +46,33 @@ def _find() -> str | None:
     return None
 
 
+def _load() -> str | None:
+    """Import the adapters (and through them the library, with ``nki`` installed); why none imports, or None."""
+    why = _find()
+    if why is not None:
+        return why
+    from ..nki import install
+
+    try:
+        install()
+    except RuntimeError as e:  # an nki this project refuses: the library cannot run here
+        return f"nkilib cannot run here: {e}"
+    for m in MODULES:
+        try:
+            _impls.append(importlib.import_module(f"{__name__}.{m}").IMPL)
+        except Exception as e:  # a library of another release, without this kernel or with another signature
+            MISSING[m] = f"{type(e).__name__}: {e}"
+    if not _impls:
+        return "nkilib does not import here (" + "; ".join(f"{m}: {w}" for m, w in MISSING.items()) + ")"
+    return None
+
+
 def register() -> list[Impl]:
     """Register the library's kernels as impls where ``nkilib`` imports (installing the interpreter as ``nki`` where
     no real one is present); idempotent. The impls registered, none where the library is not here (``WHY_NOT``)."""
     global WHY_NOT
     if not _impls:
-        why = _find()
-        if why is None:
-            from ..nki import install
-
-            try:
-                install()
-                found = [importlib.import_module(f"{__name__}.{m}").IMPL for m in MODULES]
-            except Exception as e:  # a library of another release, an nki this project refuses: not here
-                why = f"nkilib does not import here ({type(e).__name__}: {e})"
-            else:
-                _impls.extend(found)
+        why = _load()
         if why is not None:
             WHY_NOT = why
             return []
@@ -86,4 +100,4 @@ def origin() -> str | None:
 
 register()
 
-__all__ = ["MODULES", "WHY_NOT", "origin", "register", "unregister"]
+__all__ = ["MISSING", "MODULES", "WHY_NOT", "origin", "register", "unregister"]
