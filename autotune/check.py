@@ -51,8 +51,9 @@ def example_key(op: Op, inputs: tuple, extra: dict, mode: str) -> Key:
     return Key.of(op, specs, {**op.defaults, **extra}, mode)
 
 
-def _keys(op: Op) -> Iterator[Key]:
-    for inputs, extra in op.examples:
+def _keys(op: Op, impl: Impl) -> Iterator[Key]:
+    """The op's examples and the impl's own, in both modes where the op has a gradient."""
+    for inputs, extra in impl.all_examples:
         for mode in ("inference", "training") if op.differentiable else ("inference",):
             yield example_key(op, inputs, extra, mode)
 
@@ -100,9 +101,9 @@ def isolated(worker, timeout: float) -> Run:
 
 def check_all(names: tuple[str, ...] | None = None, seed: int = 0, backend: str | None = None,
               run: Run = check_one, listener: Callable[[CheckRow], None] = lambda row: None) -> list[CheckRow]:
-    """Every impl (of ``backend`` only, when given) on its op's examples (an example input may be None: an absent
-    optional tensor), in both modes where the op has a gradient. An impl that killed its worker (a crash, a hang,
-    exhausted memory) is not run on its remaining examples: each would fail again, after its limit."""
+    """Every impl (of ``backend`` only, when given) on its op's examples and its own (an example input may be None:
+    an absent optional tensor), in both modes where the op has a gradient. An impl that killed its worker (a crash,
+    a hang, exhausted memory) is not run on its remaining examples: each would fail again, after its limit."""
     rows = []
     for op in ops().values():
         if names is not None and op.name not in names:
@@ -111,7 +112,7 @@ def check_all(names: tuple[str, ...] | None = None, seed: int = 0, backend: str 
             if backend is not None and impl.backend != backend:
                 continue
             failed = ""
-            for i, key in enumerate(_keys(op)):
+            for i, key in enumerate(_keys(op, impl)):
                 if failed:
                     row = CheckRow(impl.qualname, key, None, skipped=f"an earlier example failed: {failed}")
                 else:

@@ -226,7 +226,7 @@ def cmd_list(args, console: Console) -> int:
         if not op.impls:
             t.add_row(op.name, "-", "-", "-", "-")
         for impl in op.impls.values():
-            space = "; ".join(f"{k}: {list(v)}" for k, v in impl.space.items())
+            space = "; ".join(f"{k}: {list(v)}" for k, v in impl.space.items()) or "(no parameters)"
             t.add_row(op.name, impl.name, impl.backend, space, ", ".join(f"{k}={v}" for k, v in impl.default.items()))
     console.print(t)
     b = RichTable(title="backends")
@@ -236,6 +236,16 @@ def cmd_list(args, console: Console) -> int:
         why = be.why_unavailable()
         b.add_row(name, "[green]available[/]" if why is None else f"[yellow]unavailable[/]: {why}")
     console.print(b)
+    from ..kernels import nkilib
+
+    if nkilib.WHY_NOT is None:
+        names = ", ".join(i.qualname for op in registry.ops().values() for i in op.impls.values()
+                          if i.module.startswith(nkilib.__name__ + "."))
+        console.print(f"NKI Library (nkilib, {nkilib.origin()}): {names}")
+        for module, why in nkilib.MISSING.items():
+            console.print(f"NKI Library: [yellow]no impl from kernels/nkilib/{module}.py[/]: {why}")
+    else:
+        console.print(f"NKI Library: [yellow]no impls[/]: {nkilib.WHY_NOT}")
     s = RichTable(title="switches (read at import)")
     s.add_column("variable")
     s.add_column("value")

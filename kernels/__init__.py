@@ -38,6 +38,9 @@ else:
     from .softmax import softmax
     from .swiglu import swiglu
 
+    # AWS's NKI Library as impls where nkilib imports, after the pack's own (an op's first impl is its default)
+    __import__(f"{__name__}.nkilib")
+
     # Switch names and tables are checked now, in eager mode, before any compiled call.
     check_switches(registered_only=True)  # a user's module may register more ops after the pack
     current()

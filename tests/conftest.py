@@ -44,6 +44,16 @@ def switches(monkeypatch):
 
 
 @pytest.fixture
+def lnc(monkeypatch):
+    """``lnc(n)``: NKI launches run at LNC=n (``NEURON_LOGICAL_NC_CONFIG``) for the rest of the test."""
+
+    def set_degree(n: int) -> None:
+        monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", str(n))
+
+    return set_degree
+
+
+@pytest.fixture
 def write_table(tmp_path):
     """Write a table tuned "on this machine" with the given entries; returns its path."""
 

@@ -116,6 +116,7 @@ def test_list_shows_ops_backends_and_switches():
     assert "cpu_rows" in r.stdout and "rows_per_task" in r.stdout
     assert "neuron" in r.stdout and (get_backend("neuron").available() or "unavailable" in r.stdout)
     assert "NKI_AUTOTUNE_KERNEL_RMSNORM" in r.stdout and "off" in r.stdout
+    assert "NKI Library" in r.stdout  # its impls where nkilib imports, else why none (test_nkilib_impls.py)
 
 
 def test_check_passes():
