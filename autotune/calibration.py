@@ -2,10 +2,13 @@
 
 Two signals. A calibration region of fixed work (compiled like the compiler baseline, so it uses every
 thread and slows down under contention the way the compiler's OpenMP code does) is timed at the start and
-between keys: a reading well above the quietest one seen is drift. And on Linux, the CPU time that other
-processes took while we measured (``/proc/stat`` minus this process's own time) shows a shared machine
-directly. A one-thread kernel hardly notices either, while the compiler's code collapses: without these
-checks a busy machine turns into confident, wrong speedups.
+between keys: a reading well above the quietest one seen, in this run or in the machine's stored quiet reference
+(``Search.calibration_reference``: kept in the study storage under the machine's fingerprint, taken on a quiet
+machine and replaced by a clearly faster quiet reading, so that load present for a whole run is seen), is drift.
+And on Linux, the CPU time that other processes took while we measured (``/proc/stat`` minus this process's own
+time, steal time included: a hypervisor that gives our cores to other guests) shows a shared machine directly;
+a reading lasts at least ``MIN_WINDOW_S`` so that it is always read. A one-thread kernel hardly notices either,
+while the compiler's code collapses: without these checks a busy machine turns into confident, wrong speedups.
 """
 
 from __future__ import annotations
@@ -27,6 +30,26 @@ OTHERS = 0.35
 """Cores' worth of CPU taken by other processes while measuring that means the machine is shared."""
 MIN_WINDOW_S = 0.5
 """Shortest window whose CPU time is read: ``/proc`` counts in ticks of 10 ms."""
+MAX_REPS = 2000
+"""Most steps of the calibration region in one reading (about 1 ms each on a quiet machine)."""
+REFRESH = 1.1
+"""A quiet reading this many times faster than the stored reference replaces it."""
+
+
+def against_reference(calibration: dict, reference_us: float | None) -> str | None:
+    """Why an entry's calibration record (``Calibration.record``) says the machine was disturbed next to the
+    machine's stored quiet reference, or None."""
+    us = calibration.get("us")
+    if reference_us and us and us > DRIFT * reference_us:
+        return f"the calibration region took {us / reference_us:.2f}x this machine's quiet reference"
+    return None
+
+
+def quiet(calibration: dict) -> bool:
+    """Whether a calibration record was taken on a quiet machine, as the host's own counters tell it (unknown
+    counters do not tell it)."""
+    others = calibration.get("others_cores")
+    return not calibration.get("disturbed") and others is not None and others < OTHERS
 
 
 def _cpu_seconds() -> tuple[float, float] | None:
@@ -53,6 +76,10 @@ class LoadMeter:
 
     def start(self) -> None:
         self._start = (self.now(), self.read())
+
+    def short(self) -> bool:
+        """Whether the window started is too short to be read yet (False where the counters cannot be read)."""
+        return self._start is not None and self._start[1] is not None and self.now() - self._start[0] < MIN_WINDOW_S
 
     def stop(self) -> float | None:
         t0, c0 = self._start or (self.now(), None)
@@ -92,6 +119,8 @@ class Calibration:
         runner = self._region()
         self.meter.start()
         times = [self.clock.time(runner, i) for i in range(self.reps)]
+        while self.meter.short() and len(times) < MAX_REPS:  # long enough for the CPU counters to mean something
+            times.append(self.clock.time(runner, len(times)))
         others = self.meter.stop()
         us = median(times) * 1e6
         if others is None or others < OTHERS:  # only a quiet reading can set the bar

@@ -173,6 +173,11 @@ def cmd_run(args, console: Console) -> int:
                   + ("" if tuner.measured_anything else " (all results from storage, nothing measured)")
                   + (f"; the --budget ran out before {cut} of them were decided: run again to finish them (the "
                      "studies resume)" if cut else ""))
+    disturbed = sum(bool((e.measured.get("calibration") or {}).get("disturbed")) for e in table.entries)
+    if disturbed:
+        console.print(f"[red]{disturbed} of {len(table.entries)} entries were measured on a disturbed machine "
+                      "(DISTURBED): their kernels are not enabled; run again on a quiet machine to measure them "
+                      "again[/]")
     return 0
 
 

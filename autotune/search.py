@@ -178,6 +178,27 @@ class Search:
         """When this run began (Optuna's local time): a final comparison completed since, by any worker, is this
         run's, so concurrent workers take the same one rather than each measuring a disturbed one again."""
 
+    # -- the machine's quiet calibration reference (calibration.py) -------------------------------------------
+    def _reference_study(self) -> optuna.Study:
+        return optuna.create_study(study_name=f"calibration:fp-{self.fp}", storage=self.storage, load_if_exists=True)
+
+    def calibration_reference(self) -> float | None:
+        """The calibration region's time (us) on this machine when quiet, stored by an earlier run (or None)."""
+        value = self._reference_study().user_attrs.get("reference_us")
+        return float(value) if isinstance(value, (int, float)) else None
+
+    def offer_calibration(self, us: float, reference: float | None) -> float | None:
+        """Store ``us``, a reading taken on a quiet machine, as the reference where there is none or it is clearly
+        faster (``calibration.REFRESH``); returns the reference in force."""
+        from .calibration import REFRESH
+
+        if reference is not None and us * REFRESH >= reference:
+            return reference
+        study = self._reference_study()
+        study.set_user_attr("reference_us", round(us, 1))
+        study.set_user_attr("taken_at", datetime.now().isoformat(timespec="seconds"))
+        return us
+
     def study_name(self, key: Key, impl: Impl) -> str:
         return f"{key.op}:{digest(key)}:{impl.name}:src-{impl.source_hash}:fp-{self.fp}"
 

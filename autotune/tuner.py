@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from ..registry import Backend, Entry, Impl, Key, Profile, Site, Table, get_op, ops
+from .calibration import against_reference, quiet
 from .decision import Candidate, best_trial, decide
 from .inputs import load_samples
 from .measure import MeasureOptions
@@ -70,6 +71,8 @@ class Tuner:
         self.options = options or Options()
         self.listener = listener or Listener()
         self.measured_anything = False
+        self.reference: float | None = None
+        """The calibration region's time on this machine when quiet, from the storage (``calibration``)."""
         self._deadline = None if self.options.budget_s is None else time.monotonic() + self.options.budget_s
 
     def over_budget(self) -> bool:
@@ -87,6 +90,7 @@ class Tuner:
             if path is not None:
                 load_samples(path)
         self.listener.keys(len(keys))
+        self.reference = self.search.calibration_reference()
         fingerprint = self.backend.fingerprint()
         entries: dict[Key, Entry] = {}
         started: set[Key] = set()
@@ -166,9 +170,25 @@ class Tuner:
 
         def measure(cfg: dict[str, int]) -> dict[str, Any]:
             self.measured_anything = True
-            return self.bench.final(key, impl.name, cfg, samples)
+            return self._judged(self.bench.final(key, impl.name, cfg, samples))
 
         return handlers(evaluate, measure)
+
+    def _judged(self, final: dict[str, Any]) -> dict[str, Any]:
+        """``final`` with its calibration compared with the machine's stored quiet reference as well (before it is
+        stored: a disturbed final comparison is measured again by the next run); a quiet one clearly faster than
+        the reference becomes the reference."""
+        cal = final.get("calibration")
+        if not isinstance(cal, dict):
+            return final
+        why = cal.get("disturbed") or against_reference(cal, self.reference)
+        if why:
+            cal["disturbed"] = why
+        if self.reference is not None:
+            cal["reference_us"] = self.reference
+        if quiet(cal):
+            self.reference = self.search.offer_calibration(cal["us"], self.reference)
+        return final
 
     def _candidate(self, key: Key, impl: Impl, results: list[TrialResult], work: dict) -> Candidate | None:
         if not results:
@@ -189,6 +209,7 @@ class Tuner:
         final = self.search.final(key, impl, best.config, work, stop=self.over_budget)
         if final is None:
             return None
+        final = self._judged(dict(final))  # one stored by an earlier run, against the reference now in force
         if "error" in final and "speedup" not in final:
             return Candidate(impl.name, dict(best.config), {
                 "rel_err": best.info.get("rel_err"), "tolerance": best.info.get("tolerance"),

@@ -5,8 +5,10 @@ An identity op (``x.clone()``, backward ``g.clone()``) is registered through the
 pack's dispatch (``call``), at 8 x 64. Each region is timed against the same region without the op
 (``x * 2`` vs ``identity(x) * 2``): compiled (``fullgraph=True``) and eager, forward and forward+backward.
 Next to it, a real kernel at a tiny shape: ``rmsnorm`` 8 x 64 in a compiled region, its kernel's op (one thread,
-as a table chooses at this shape) vs the compiler's code. Every variant is timed in one run, interleaved in an
-order shuffled every round; the price is the median of the per-round differences, with its 95% interval.
+as a table chooses at this shape) vs the compiler's code; and ``nk.rmsnorm`` compiled under
+``NKI_AUTOTUNE_KERNELS=on``, the impl's default config fitted to the call (``SERIAL_BELOW``), vs kernels off.
+Every variant is timed in one run, interleaved in an order shuffled every round; the price is the median of the
+per-round differences, with its 95% interval.
 
 Run: ``pytest benchmarks/test_fixed_price.py -s`` (part of ``make bench``).
 """
@@ -19,10 +21,10 @@ from collections.abc import Callable
 
 import torch
 
-import nki_autotune.kernels  # noqa: F401
+import nki_autotune.kernels as nk
 from nki_autotune.autotune.stats import median, paired_difference
 from nki_autotune.autotune.timing import fresh
-from nki_autotune.registry import Impl, Op, call, get_op, register_impl, register_op, scope
+from nki_autotune.registry import Impl, Op, call, explain, get_op, register_impl, register_op, scope
 
 RMSNORM = get_op("rmsnorm")
 
@@ -61,8 +63,8 @@ def _rmsnorm_kernel(x, w):  # what dispatch puts in the graph, with the config a
     return RMSNORM.impls["cpu_rows"].fwd_op(x, w, 1e-6, 0.0, 1, 16)[0]
 
 
-def _variants() -> dict[str, Callable[[], object]]:
-    """name -> one call; the forward+backward ones take gradients of a fixed random seed."""
+def _variants() -> tuple[dict[str, Callable[[], object]], object]:
+    """name -> one call (the forward+backward ones take gradients of a fixed random seed); and what ``on`` runs."""
     gen = torch.Generator().manual_seed(0)
     x, g = torch.randn(SHAPE, generator=gen), torch.randn(SHAPE, generator=gen)
     w = 1 + 0.1 * torch.randn(SHAPE[-1], generator=gen)
@@ -77,7 +79,13 @@ def _variants() -> dict[str, Callable[[], object]]:
         f = torch.compile(fresh(fn), fullgraph=True, dynamic=False)
         out[f"rmsnorm compiled forward {name}"] = lambda f=f: f(x, w)
         out[f"rmsnorm compiled forward+backward {name}"] = lambda f=f: torch.autograd.grad(f(xg, wg), (xg, wg), g)
-    return out
+    on = explain("rmsnorm", x, w, 1e-6)  # the caller holds NKI_AUTOTUNE_KERNELS=on
+    assert on.path == "kernel", on
+    for name, fn in (("without", _rmsnorm_compiler), ("with", lambda x, w: nk.rmsnorm(x, w, 1e-6))):
+        f = torch.compile(fresh(fn), fullgraph=True, dynamic=False)
+        out[f"rmsnorm under on forward {name}"] = lambda f=f: f(x, w)
+        out[f"rmsnorm under on forward+backward {name}"] = lambda f=f: torch.autograd.grad(f(xg, wg), (xg, wg), g)
+    return out, on
 
 
 def _interleaved(variants: dict[str, Callable[[], object]]) -> dict[str, list[float]]:
@@ -100,10 +108,11 @@ def _interleaved(variants: dict[str, Callable[[], object]]) -> dict[str, list[fl
 
 
 def test_fixed_price_of_a_kernel_call(capsys):
-    with scope(NKI_AUTOTUNE_KERNEL_FIXED_PRICE_IDENTITY="on"):
-        times = _interleaved(_variants())
+    with scope(NKI_AUTOTUNE_KERNEL_FIXED_PRICE_IDENTITY="on", NKI_AUTOTUNE_KERNELS="on"):  # held: dynamo guards on it
+        variants, on = _variants()
+        times = _interleaved(variants)
     rows = []
-    for what in ("identity compiled", "identity eager", "rmsnorm compiled"):
+    for what in ("identity compiled", "identity eager", "rmsnorm compiled", "rmsnorm under on"):
         for mode in ("forward", "forward+backward"):
             a, b = times[f"{what} {mode} with"], times[f"{what} {mode} without"]
             price, (lo, hi) = paired_difference(a, b)
@@ -112,6 +121,8 @@ def test_fixed_price_of_a_kernel_call(capsys):
     with capsys.disabled():
         print(f"\nfixed price of a kernel call at {'x'.join(map(str, SHAPE))} (medians of {ROUNDS} interleaved rounds "
               f"of {CALLS} calls; price = median of per-round differences, 95% CI)")
+        print("  (rmsnorm compiled: the one-thread config a table gives this shape; rmsnorm under on: what "
+              f"NKI_AUTOTUNE_KERNELS=on runs, {on.impl} {dict(on.config)}, against it off)")
         print(f"  {'':<18} {'':<17} {'without':>9} {'with':>9} {'price':>9}  {'95% CI':<13}")
         for what, mode, without, with_, price, lo, hi, target in rows:
             print(f"  {what:<18} {mode:<17} {without * 1e6:7.1f}us {with_ * 1e6:7.1f}us {price * 1e6:7.1f}us  "

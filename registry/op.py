@@ -101,6 +101,10 @@ class Impl:
     default: Mapping[str, int] = field(default_factory=dict)
     constraint: Callable[[dict, Key], bool] | None = None
     """False for configs not worth running at this key (pruned before any timing)."""
+    fit: Callable[[Key], Mapping[str, int]] | None = None
+    """The default config fitted to a call that no table names a config for (``on``, a per-op ``on``, an impl
+    name): the params it returns replace the default's, e.g. ``threads`` from the work size at which a second
+    thread pays (``kernels._cpu.fit_threads``). None: the default as it is."""
     backward_params: tuple[str, ...] = ()
     """Config params that only change the backward: fixed to their default for inference."""
     saved: int = 0
@@ -192,6 +196,10 @@ class Impl:
             if key is None or self.allows(cfg, key):
                 out.append(cfg)
         return out
+
+    def default_at(self, key: Key) -> dict[str, int]:
+        """The default config, fitted to ``key`` (``fit``)."""
+        return {**self.default, **(self.fit(key) if self.fit is not None else {})}
 
     def allows(self, config: Mapping[str, int], key: Key) -> bool:
         return self.constraint is None or bool(self.constraint(dict(config), key))

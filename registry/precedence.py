@@ -63,8 +63,9 @@ def usable(impl: Impl, key: Key, devices: set[str]) -> str | None:
 def _config_for(impl: Impl, key: Key, table_config: Mapping[str, int] | None) -> dict[str, int] | None:
     if table_config is not None:
         return dict(table_config)
-    if impl.allows(impl.default, key):
-        return dict(impl.default)
+    for cfg in (impl.default_at(key), dict(impl.default)):
+        if impl.allows(cfg, key):
+            return cfg
     allowed = impl.configs(key)
     return allowed[0] if allowed else None
 
@@ -118,8 +119,11 @@ def resolve(op: Op, key: Key, devices: set[str], view: View) -> Explanation:
         if cfg is None:
             return compiler(f"{impl.qualname} has no config its constraint admits at this shape", **decided)
         if config is None:
-            reason += ", default config" if cfg == impl.default else \
-                ", the first config its constraint admits at this shape (not the default)"
+            fitted = {p: v for p, v in cfg.items() if impl.default.get(p) != v}
+            reason += ", the first config its constraint admits at this shape (not the default)" \
+                if cfg not in (impl.default, impl.default_at(key)) else \
+                ", default config" + (f" fitted to the call ({', '.join(f'{p}={v}' for p, v in fitted.items())})"
+                                      if fitted else "")
         cfg = {p: cfg[p] for p in impl.space}  # the order the custom op takes them in
         return Explanation(op.name, key, KERNEL, impl.name, cfg, reason, **decided, args=impl.call_args(cfg, key))
 

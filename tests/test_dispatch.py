@@ -270,3 +270,33 @@ def test_explain_refuses_arguments_the_op_does_not_take(args, kwargs, message):
     with pytest.raises(TypeError, match=re.escape(message)):
         explain("rmsnorm", x, w, *args, **kwargs)
     assert explain("rmsnorm", x, w, eps=1e-3).key.attr_dict["eps"] == 1e-3
+
+
+def test_on_runs_the_default_config_fitted_to_the_call(switches):
+    """Where no table names a config (``on``, a per-op ``on``, an impl name), a call below the work at which a
+    second thread pays (``SERIAL_BELOW``, measured per kernel) runs on one thread; at and above it on every thread."""
+    import importlib
+    import math
+
+    from nki_autotune.kernels._cpu import max_threads
+
+    from .helpers import key_of
+
+    small = {"rmsnorm": (torch.randn(8, 64), torch.ones(64)), "softmax": (torch.randn(8, 64),),
+             "segment_sum": (torch.randn(64, 8), torch.randint(0, 4, (64,)), 4)}
+    for env in ({"NKI_AUTOTUNE_KERNELS": "on"}, {"NKI_AUTOTUNE_KERNEL_RMSNORM": "on",
+                "NKI_AUTOTUNE_KERNEL_SOFTMAX": "on", "NKI_AUTOTUNE_KERNEL_SEGMENT_SUM": "cpu_scatter"}):
+        switches(**env)
+        for op, args in small.items():
+            e = explain(op, *args)
+            assert e.path == "kernel" and e.config["threads"] == 1, e
+    for op in ops().values():
+        for impl in op.impls.values():
+            if impl.backend != "cpu" or "threads" not in impl.space or not impl.module.startswith("nki_autotune."):
+                continue
+            below = importlib.import_module(impl.module).SERIAL_BELOW
+            assert impl.fit is not None and below > 0, impl.qualname
+    big = key_of("rmsnorm", "training", [((8192, 256), "float32"), ((256,), "float32")])
+    rms = get_op("rmsnorm").impls["cpu_rows"]
+    assert math.prod(big.inputs[0].shape) >= importlib.import_module(rms.module).SERIAL_BELOW
+    assert rms.default_at(big)["threads"] == max_threads()

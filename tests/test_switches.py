@@ -128,14 +128,17 @@ def test_precedence(switches, write_table, env, table_says, want):
     torch.testing.assert_close(y, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w)
 
 
-def test_on_uses_the_table_config_when_the_table_names_the_impl(switches, write_table):
+def test_on_uses_the_table_config_when_the_table_names_the_impl(switches, write_table, monkeypatch):
     switches(NKI_AUTOTUNE_TABLE=write_table([_kernel_entry((8, 64))]), NKI_AUTOTUNE_KERNELS="on")
     exp = explain("rmsnorm", *_xw(8, 64))
     assert dict(exp.config) == {"threads": 1, "rows_per_task": 4}
     exp = explain("rmsnorm", *_xw(16, 64))  # no entry: the impl's default config
     assert exp.path == "kernel" and "default config" in exp.reason
     impl = get_op("rmsnorm").impls["cpu_rows"]
-    exp = explain("rmsnorm", *_xw(1, 64))  # one row: the default's two threads have one task between them
+    exp = explain("rmsnorm", *_xw(1, 64))  # one row: the default fitted to the call, on one thread
+    assert exp.config["threads"] == 1 and "default config" in exp.reason, exp.reason
+    monkeypatch.setattr(impl, "fit", None)
+    exp = explain("rmsnorm", *_xw(1, 64))  # unfitted, the default's two threads have one task between them
     assert not impl.allows(impl.default, exp.key) and impl.allows(dict(exp.config), exp.key)
     assert exp.path == "kernel" and "the first config its constraint admits" in exp.reason, exp.reason
     assert "default config" not in exp.reason

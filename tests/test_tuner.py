@@ -276,3 +276,47 @@ def test_a_final_comparison_stored_without_peak_memory_is_measured_again_and_no_
     clock = FakeClock(fast_when())
     (same,) = tuner(tmp_path, clock, trials=2).tune(Profile([site()])).entries
     assert same.measured == e.measured and clock.calls == 0
+
+
+def _three(rows: int) -> Profile:
+    """Three keys of rmsnorm; each ``rows`` its own keys (a run on the same storage measures them anew)."""
+    return Profile([site(shape=(rows, 128)), site(shape=(rows, 64), label="m.b"),
+                    site(shape=(rows, 256), grad=False, label="m.c")])
+
+
+def test_load_present_for_the_whole_run_is_seen_against_the_stored_quiet_reference(tmp_path):
+    """A quiet run stores the machine's calibration reference; a later run slowed from its first reading to its last
+    (its own quietest reading no faster) is flagged DISTURBED in every entry, even where the host's counters see no
+    other process (a load they cannot see: another guest's, a throttled core)."""
+    quiet_run = tuner(tmp_path, FakeClock(fast_when(), calibration_us=1000.0))
+    table = quiet_run.tune(_three(64))
+    assert not any(e.measured["calibration"].get("disturbed") for e in table.entries)
+    assert quiet_run.search.calibration_reference() == 1000.0
+    loaded = tuner(tmp_path / "again", FakeClock(fast_when(), calibration_us=1600.0),
+                   storage=f"sqlite:///{tmp_path}/studies.db", retries=0)
+    table = loaded.tune(_three(32))
+    assert all("1.60x this machine's quiet reference" in e.measured["calibration"]["disturbed"]
+               for e in table.entries), [e.measured for e in table.entries]
+    assert all(e.impl is None for e in table.entries)
+    assert loaded.search.calibration_reference() == 1000.0  # a disturbed reading never becomes the reference
+
+
+def test_a_quiet_run_after_a_stored_reference_is_not_flagged_and_a_faster_one_replaces_it(tmp_path):
+    """The host's signals injected as quiet (a busy CI machine must not decide this test)."""
+    first = tuner(tmp_path, FakeClock(fast_when(), calibration_us=1000.0))
+    first.tune(_three(64))
+    storage = f"sqlite:///{tmp_path}/studies.db"
+    for rows, us in ((32, 1100.0), (16, 800.0)):  # within the drift allowed; then clearly faster: the new reference
+        table = tuner(tmp_path / str(rows), FakeClock(fast_when(), calibration_us=us), storage=storage).tune(
+            _three(rows))
+        assert not any(e.measured["calibration"].get("disturbed") for e in table.entries)
+    assert first.search.calibration_reference() == 800.0
+
+
+def test_other_processes_seen_by_the_host_flag_every_entry(tmp_path):
+    """Other processes' CPU time over the measurement (``/proc/stat`` less this process's, steal included), here
+    injected: one core's worth through the whole run."""
+    from .fakes import QuietMeter
+
+    table = tuner(tmp_path, FakeClock(fast_when()), meter=QuietMeter(busy=[1.0] * 1000), retries=0).tune(_three(64))
+    assert all("other processes used 1.00 cores" in e.measured["calibration"]["disturbed"] for e in table.entries)

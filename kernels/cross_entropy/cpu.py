@@ -28,6 +28,7 @@ from .._cpu import (
     exp32,
     f32,
     finite32,
+    fit_threads,
     helper,
     kernel,
     launch,
@@ -139,9 +140,18 @@ def constraint(config: dict, key: Key) -> bool:
     return config["threads"] == 1 or key.inputs[0].shape[0] >= config["threads"]
 
 
+SERIAL_BELOW = 2_097_152
+"""Elements of logits below which the default config (what ``on`` runs where no table names a config) uses one
+thread: a second thread did not pay at any size up to it, on this project's 2-core machine while shared with other
+work (``flock /tmp/team-measure.lock .venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``;
+one / two threads, medians of 15 interleaved rounds; the largest size of its ladder:
+2097152 elements (8192 x 256): forward 2245 / 15948 us, forward+backward 17237 / 31727 us)."""
+
+
 CPU_ROWS = register_impl(Impl(
     op=CROSS_ENTROPY, name="cpu_rows", backend="cpu", forward=forward, backward=backward, fake=fake_rows,
     supports=supports, space={"threads": thread_choices(), "online": (0, 1)},
     default={"threads": max_threads(), "online": 1}, constraint=constraint, saved=1,
+    fit=fit_threads(SERIAL_BELOW),
     reads={"logits": ("logits", "target", "result_1")},
 ))

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import FLOATS, array, empty, max_threads, out_of_range, require, rounded, thread_choices
+from .._cpu import FLOATS, array, empty, fit_threads, max_threads, out_of_range, require, rounded, thread_choices
 from .._indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
 from .op import EMBEDDING, fake, padding_row
 
@@ -47,9 +47,18 @@ def constraint(config: dict, key: Key) -> bool:
     return not (config["threads"] == 1 and config["scatter"] == BLOCKS)  # that is the serial scatter
 
 
+SERIAL_BELOW = 32_768
+"""Elements of ids below which the default config (what ``on`` runs where no table names a config) uses one
+thread: a second thread did not pay at any size up to it, on this project's 2-core machine while shared with other
+work (``flock /tmp/team-measure.lock .venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``;
+one / two threads, medians of 15 interleaved rounds; the largest size of its ladder:
+32768 ids (of a 512 x 64 table): forward 622 / 796 us, forward+backward 4772 / 7072 us)."""
+
+
 CPU_GATHER = register_impl(Impl(
     op=EMBEDDING, name="cpu_gather", backend="cpu", forward=forward, backward=backward, fake=fake,
     supports=supports, space={"threads": thread_choices(), "scatter": (SERIAL, BLOCKS, SORTED)},
     default={"threads": max_threads(), "scatter": SORTED}, constraint=constraint, backward_params=("scatter",),
+    fit=fit_threads(SERIAL_BELOW),
     reads={"weight": ("ids", "weight")},  # the weight's shape and dtype only; a parameter, kept alive anyway
 ))

@@ -25,6 +25,7 @@ from .._cpu import (
     cast_to,
     empty_like,
     f32,
+    fit_threads,
     kernel,
     launch,
     max_threads,
@@ -174,6 +175,14 @@ def constraint(config: dict, key: Key) -> bool:
     return rows <= n or rows == smallest_cover
 
 
+SERIAL_BELOW = 2_097_152
+"""Elements of x below which the default config (what ``on`` runs where no table names a config) uses one
+thread: a second thread did not pay at any size up to it, on this project's 2-core machine while shared with other
+work (``flock /tmp/team-measure.lock .venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``;
+one / two threads, medians of 15 interleaved rounds; the largest size of its ladder:
+2097152 elements (8192 x 256): forward 7297 / 16837 us, forward+backward 20561 / 36192 us)."""
+
+
 CPU_ROWS = register_impl(Impl(
     op=RMSNORM,
     name="cpu_rows",
@@ -184,6 +193,7 @@ CPU_ROWS = register_impl(Impl(
     supports=supports,
     space={"threads": thread_choices(), "rows_per_task": ROWS_PER_TASK},
     default={"threads": max_threads(), "rows_per_task": 64},
+    fit=fit_threads(SERIAL_BELOW),
     constraint=constraint,
     backward_params=("rows_per_task",),
     saved=1,

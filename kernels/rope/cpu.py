@@ -25,6 +25,7 @@ from .._cpu import (
     cast_to,
     empty,
     f32,
+    fit_threads,
     fma32,
     helper,
     kernel,
@@ -239,9 +240,18 @@ def constraint(config: dict, key: Key) -> bool:
     return config["threads"] == 1 or tasks >= config["threads"]
 
 
+SERIAL_BELOW = 2_097_152
+"""Elements of q below which the default config (what ``on`` runs where no table names a config) uses one
+thread: a second thread did not pay at any size up to it, on this project's 2-core machine while shared with other
+work (``flock /tmp/team-measure.lock .venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``;
+one / two threads, medians of 15 interleaved rounds; the largest size of its ladder:
+2097152 elements (1 x 4 x 8192 x 64): forward 10454 / 11806 us, forward+backward 57240 / 50805 us)."""
+
+
 CPU_POSITIONS = register_impl(Impl(
     op=ROPE, name="cpu_positions", backend="cpu", forward=forward, backward=backward, fake=fake, supports=supports,
     space={"threads": thread_choices(), "positions_per_task": POSITIONS},
     default={"threads": max_threads(), "positions_per_task": 8}, constraint=constraint, backward_fake=backward_fake,
+    fit=fit_threads(SERIAL_BELOW),
     reads={"q": ("cos", "sin"), "k": ("cos", "sin"), "cos": ("q", "k", "cos", "sin"), "sin": ("q", "k", "cos", "sin")},
 ))

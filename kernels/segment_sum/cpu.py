@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import FLOATS, array, empty, max_threads, out_of_range, require, rounded, thread_choices
+from .._cpu import FLOATS, array, empty, fit_threads, max_threads, out_of_range, require, rounded, thread_choices
 from .._indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
 from .op import SEGMENT_SUM, fake, shape_problem
 
@@ -47,8 +47,17 @@ def constraint(config: dict, key: Key) -> bool:
     return not (config["threads"] == 1 and config["scatter"] == BLOCKS)  # that is the serial scatter
 
 
+SERIAL_BELOW = 2_097_152
+"""Elements of src below which the default config (what ``on`` runs where no table names a config) uses one
+thread: a second thread did not pay at any size up to it, on this project's 2-core machine while shared with other
+work (``flock /tmp/team-measure.lock .venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``;
+one / two threads, medians of 15 interleaved rounds; the largest size of its ladder:
+2097152 elements (8192 x 256, 32 segments): forward 586 / 898 us, forward+backward 1417 / 9472 us)."""
+
+
 CPU_SCATTER = register_impl(Impl(
     op=SEGMENT_SUM, name="cpu_scatter", backend="cpu", forward=forward, backward=backward, fake=fake,
     supports=supports, space={"threads": thread_choices(), "scatter": (SERIAL, BLOCKS, SORTED)},
     default={"threads": max_threads(), "scatter": BLOCKS}, constraint=constraint, reads={"src": ("index",)},
+    fit=fit_threads(SERIAL_BELOW, serial={"scatter": SERIAL}),
 ))

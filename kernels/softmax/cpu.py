@@ -25,6 +25,7 @@ from .._cpu import (
     exp32,
     f32,
     finite32,
+    fit_threads,
     fmax32,
     holds_f32,
     kernel,
@@ -123,8 +124,17 @@ def constraint(config: dict, key: Key) -> bool:
     return config["threads"] == 1 or rows >= config["threads"]
 
 
+SERIAL_BELOW = 2_097_152
+"""Elements of x below which the default config (what ``on`` runs where no table names a config) uses one
+thread: a second thread did not pay at any size up to it, on this project's 2-core machine while shared with other
+work (``flock /tmp/team-measure.lock .venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``;
+one / two threads, medians of 15 interleaved rounds; the largest size of its ladder:
+2097152 elements (8192 x 256): forward 1394 / 22895 us, forward+backward 19771 / 50062 us)."""
+
+
 CPU_ROWS = register_impl(Impl(
     op=SOFTMAX, name="cpu_rows", backend="cpu", forward=forward, backward=backward, fake=fake, supports=supports,
     space={"threads": thread_choices(), "online": (0, 1)},
     default={"threads": max_threads(), "online": 0}, constraint=constraint, reads={"x": ("result_0",)},
+    fit=fit_threads(SERIAL_BELOW),
 ))

@@ -23,6 +23,7 @@ from .._cpu import (
     empty_like,
     exp32,
     f32,
+    fit_threads,
     inline,
     kernel,
     launch,
@@ -122,12 +123,21 @@ def constraint(config: dict, key: Key) -> bool:
     return config["block"] == min(BLOCKS) or config["block"] <= n  # larger blocks than the tensor are all alike
 
 
-def gated_impl(op, forward, backward, fake) -> Impl:
+SERIAL_BELOW = 2_097_152
+"""Elements of gate below which the default config (what ``on`` runs where no table names a config) uses one
+thread: a second thread did not pay at any size up to it, on this project's 2-core machine while shared with other
+work (``flock /tmp/team-measure.lock .venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``;
+one / two threads, medians of 15 interleaved rounds; the largest size of its ladder:
+2097152 elements (8192 x 256): forward 981 / 15250 us, forward+backward 15264 / 32135 us)."""
+
+
+def gated_impl(op, forward, backward, fake, serial_below: int = SERIAL_BELOW) -> Impl:
     """The CPU impl ``cpu_fused`` of a gated op ``act(gate) * up`` (the same space, constraint and reads)."""
     return register_impl(Impl(
         op=op, name="cpu_fused", backend="cpu", forward=forward, backward=backward, fake=fake, supports=supports,
         space={"threads": thread_choices(), "block": BLOCKS},
         default={"threads": max_threads(), "block": 16384}, constraint=constraint,
+        fit=fit_threads(serial_below),
         reads={"gate": ("gate", "up"), "up": ("gate",)},
     ))
 
