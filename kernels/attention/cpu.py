@@ -3,6 +3,8 @@
 Forward: each task takes ``block_q`` query rows of one head and walks the keys ``block_k`` at a time: the tile's
 scores by a BLAS matrix product (numba's ``np.dot``, float32), the mask or the causal triangle, the running max
 and sum of exponentials rescaled where the max rises, and the tile's probabilities times v added to the output.
+Tiles the causal triangle or a boolean mask masks whole are skipped, forward and backward (PyTorch's flash
+attention skips the causal ones only).
 It keeps each query row's log-sum-exp (float32) for the backward; the [sq, sk] probabilities never exist whole.
 Backward: one task per (batch, query head) recomputes each tile's probabilities from the log-sum-exp, and
 accumulates dv += p^T do, ds = p * (do v^T - rowsum(do * o)), dq += ds k, dk += ds^T q (scaled) in float32; the
@@ -86,6 +88,33 @@ def _cols(x, b, h, r0, r1):
     return t
 
 
+def unmasked(mask, b, h, i, j):
+    """Whether ``mask[b, h, i, j]`` lets the key through: True for a boolean mask's True, and for any additive
+    value (an additive tile is never skipped, so a nan score spreads as in the expression)."""
+    raise NotImplementedError("unmasked runs only inside numba kernels")
+
+
+@overload(unmasked, inline="always", jit_options=dict(fastmath=FASTMATH, error_model="numpy"))
+def _unmasked(mask, b, h, i, j):
+    if mask.dtype == nbtypes.boolean:
+        return lambda mask, b, h, i, j: mask[b, h, i, j]
+    return lambda mask, b, h, i, j: True
+
+
+@helper(FASTMATH)
+def _skipped(mask, kind, b, h, i0, i1, j0, j1):
+    """Whether a boolean mask masks every key of tile [i0, i1) x [j0, j1): its scores, probabilities and
+    gradients are then not computed (they add nothing: exp(-inf) = 0). A padding mask with the causal triangle,
+    as Hugging Face passes, masks about half the tiles of a long sequence."""
+    if not kind:
+        return False
+    for i in range(i0, i1):
+        for j in range(j0, j1):
+            if unmasked(mask, b, h, i, j):
+                return False
+    return True
+
+
 @helper(FASTMATH)
 def _mask_tile(s, mask, kind, causal, b, h, i0, j0):
     """The mask (``kind`` 1) and the causal triangle (key j after query i) on the scores of tile (i0, j0)."""
@@ -135,6 +164,8 @@ def _forward_body(q, k, v, mask, kind, causal, scale, bq, bk, out, lse):
         end = min(m, i1) if causal else m
         for j0 in range(0, end, bk):
             j1 = min(end, j0 + bk)
+            if _skipped(mask, kind, b, h, i0, i1, j0, j1):
+                continue
             s = np.dot(qt, _cols(k, b, g, j0, j1))
             _mask_tile(s, mask, kind, causal, b, h, i0, j0)
             for i in range(rows):
@@ -187,6 +218,8 @@ def _backward_body(do, q, k, v, o, lse, mask, kind, causal, scale, bq, bk, dq, d
             dva = np.zeros((j1 - j0, ev), np.float32)
             for i0 in range((j0 // bq) * bq if causal else 0, n, bq):
                 i1 = min(n, i0 + bq)
+                if _skipped(mask, kind, b, h, i0, i1, j0, j1):
+                    continue
                 s = np.dot(qs[i0:i1], kc)
                 _mask_tile(s, mask, kind, causal, b, h, i0, j0)
                 for i in range(i1 - i0):
@@ -248,7 +281,7 @@ def one_blas_thread():
             _BLAS[1](before)
 
 
-_DUMMY = np.ones((1, 1, 1, 1), np.bool_)
+_NO_MASK = torch.ones((1, 1, 1, 1), dtype=torch.bool)
 
 
 def _scale(q: torch.Tensor, attrs: dict) -> np.float32:
@@ -258,9 +291,10 @@ def _scale(q: torch.Tensor, attrs: dict) -> np.float32:
 
 def _mask(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> tuple[np.ndarray, int]:
     """The mask broadcast to [b, hq, sq, sk] (a view: broadcast dims have stride 0), and whether there is one."""
-    if mask is None:
-        return np.broadcast_to(_DUMMY, (*q.shape[:3], k.shape[2])), 0
-    return array(mask.expand(*q.shape[:3], k.shape[2])), 1
+    full = (*q.shape[:3], k.shape[2])
+    if mask is None:  # a stand-in of the boolean masks' type (writable, strided): no compile of its own
+        return array(_NO_MASK.expand(full)), 0
+    return array(mask.expand(full)), 1
 
 
 def forward(tensors, attrs, config):
