@@ -31,7 +31,7 @@ IMPL = get_op("attention").impls["cpu_flash"]
 CASES = {  # label: inputs, attrs, configs to time besides the default
     "example 4x4x256x64 (kv 2 heads, HF views, bool padding mask)": (
         [_hf(4, 4, 256, 64), _hf(4, 2, 256, 64), _hf(4, 2, 256, 64), ((4, 1, 256, 256), "bool")],
-        [("causal", False), ("scale", None)],
+        [("causal", False), ("scale", 0.125)],
         [{"block_q": 128, "block_k": 256}, {"block_q": 256, "block_k": 256}]),
     "large 1x8x1024x64 causal": (
         [((1, 8, 1024, 64), "float32")] * 3, [("causal", True), ("scale", None)],
