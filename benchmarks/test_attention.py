@@ -21,10 +21,10 @@ from nki_autotune.autotune.memory import peak_bytes
 from nki_autotune.autotune.numerics import check_impl
 from nki_autotune.autotune.stats import median, ratio_of_medians
 from nki_autotune.autotune.timing import Clock, Workload, interleave
-from nki_autotune.registry import get_op
+from nki_autotune.registry import Key, TensorSpec, get_op
 
 from .conftest import RESULTS, Result
-from .test_pack import CPU, F32, ROUNDS, _hf, _key, _n
+from .test_pack import CPU, F32, ROUNDS, _hf, _n
 
 IMPL = get_op("attention").impls["cpu_flash"]
 
@@ -34,7 +34,7 @@ CASES = {  # label: inputs, attrs, configs to time besides the default
         [("causal", False), ("scale", 0.125)],
         [{"block_q": 128, "block_k": 256}, {"block_q": 256, "block_k": 256}]),
     "large 1x8x1024x64 causal": (
-        [((1, 8, 1024, 64), "float32")] * 3, [("causal", True), ("scale", None)],
+        [((1, 8, 1024, 64), "float32")] * 3 + [None], [("causal", True), ("scale", None)],
         [{"block_q": 128, "block_k": 256}, {"block_q": 256, "block_k": 512}]),
 }
 
@@ -43,7 +43,8 @@ CASES = {  # label: inputs, attrs, configs to time besides the default
 @pytest.mark.parametrize("label", CASES)
 def test_attention(label, mode):
     inputs, attrs, others = CASES[label]
-    key = _key("attention", mode, inputs, attrs)
+    specs = tuple(None if i is None else TensorSpec(tuple(i[0]), *i[1:]) for i in inputs)
+    key = Key.of(IMPL.op, specs, dict(attrs), mode)
     configs = [dict(IMPL.default)] + [{**IMPL.default, **c} for c in others]
     for config in configs:
         res = check_impl(IMPL, key, config, torch.Generator().manual_seed(0))
