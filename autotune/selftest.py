@@ -33,6 +33,9 @@ from .tuner import Options, Tuner
 
 PASS, FAIL, SKIP = "pass", "FAIL", "skipped"
 TUNING_SHAPES = ((64, 256), (512, 1024))
+TUNING = {"trials": 4, "search_rounds": 5, "final_rounds": 10}
+"""Configs tried per key, and timed rounds of a trial and of a final comparison: enough to tell a kernel from
+the compiler."""
 """rmsnorm [rows, width] of the two tuned keys (training, float32)."""
 
 
@@ -84,7 +87,7 @@ def numerics(backend: Backend, names: tuple[str, ...] | None, seed: int) -> list
 
 def _first_key(impl: Impl) -> Key | None:
     op = impl.op
-    for inputs, extra in op.examples:
+    for inputs, extra in impl.all_examples:
         key = example_key(op, inputs, extra, "inference")
         if impl.supports(key.inputs, key.attr_dict) is None and impl.configs(key):
             return key
@@ -119,15 +122,15 @@ def compiled(backend: Backend, names: tuple[str, ...] | None, seed: int) -> list
     return steps
 
 
-def tuning(backend: Backend, seed: int, trials: int = 4) -> Step:
+def tuning(backend: Backend, seed: int) -> Step:
     """A two-key rmsnorm profile tuned against the backend's compiler (studies in memory, nothing kept)."""
     sites = [Site("rmsnorm", (TensorSpec((n, d), "float32", requires_grad=True),
                               TensorSpec((d,), "float32", requires_grad=True)), {"eps": 1e-6}, site=f"selftest.{n}x{d}")
              for n, d in TUNING_SHAPES]
-    options = Options(trials=trials, seed=seed, search_rounds=5, final_rounds=10)
+    options = Options(seed=seed, **TUNING)
     bench = LocalBench(backend, options.measure())  # in this process: a crash is itself what the selftest reports
     try:
-        search = Search(open_storage("sqlite:///:memory:"), backend.fingerprint(), trials=trials, seed=seed)
+        search = Search(open_storage("sqlite:///:memory:"), backend.fingerprint(), trials=options.trials, seed=seed)
         table = Tuner(backend, search, bench, options).tune(Profile(sites))
     except Exception as e:
         return Step("tuning", FAIL, f"{type(e).__name__}: {e}")

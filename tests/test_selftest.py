@@ -40,6 +40,8 @@ def test_selftest_runs_every_step_where_torchneuron_is_present(monkeypatch):
     monkeypatch.setattr(NeuronBackend, "compile",
                         lambda self, fn: torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=False))
     monkeypatch.setattr(st, "TUNING_SHAPES", ((8, 32), (16, 48)))
+    # the step's wiring is the point, not a precise ratio: each config is a compile, each round an interpreted run
+    monkeypatch.setattr(st, "TUNING", {"trials": 2, "search_rounds": 2, "final_rounds": 4, "sets": 2})
     # a machine disturbed by other work (the other test worker) is measured again at once, not after 5 s
     monkeypatch.setattr(st, "Options", functools.partial(st.Options, pause_s=0.0))
     code, text = st.selftest(seed=3, names=("rmsnorm",))
