@@ -5,8 +5,8 @@
     NKI_AUTOTUNE_TABLE=dispatch.yaml python examples/train.py --steps 20
 
 A ``LlamaForCausalLM`` built from a ``LlamaConfig``, patched in place by ``nki_autotune.kernels.hf.patch``
-(RMSNorm, the SwiGLU MLP, rotary embedding, the token embedding and the loss run the pack), trained with AdamW
-under ``torch.compile(fullgraph=True)`` on padded batches (attention mask, ``-100`` labels on padding).
+(RMSNorm, the SwiGLU MLP, rotary embedding, attention, the token embedding and the loss run the pack), trained
+with AdamW under ``torch.compile(fullgraph=True)`` on padded batches (attention mask, ``-100`` labels on padding).
 
 ``make_step()`` is the STEP protocol of ``nki-autotune verify``: it builds the model, optimizer and data from
 fixed seeds (two calls give the same weights and batches) and returns a callable running one full training step

@@ -101,6 +101,24 @@ def test_fully_masked_rows_give_what_sdpa_gives(switches, gen, kind):
     assert (dq[0, :, 3] == 0).all() and (dq[1, :, 17:] == 0).all()
 
 
+@pytest.mark.parametrize("where", ["nan key", "inf query", "inf value", "huge query"])
+def test_special_values_give_what_sdpa_gives(switches, gen, where):
+    """nan and inf spread where SDPA's arithmetic spreads them, a masked nan score and a masked inf value too (a
+    masked score is the score plus -inf, its probability 0 times the value): no tile is skipped past them."""
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    q, k, v = _qkv(gen, 1, 2, 1, 40, 70, 8)
+    mask = _padding(gen, 1, 40, 70)
+    target = {"nan key": (k, 0, 69, float("nan")), "inf query": (q, 1, 3, float("inf")),
+              "inf value": (v, 0, 69, float("inf")), "huge query": (q, 0, 5, 3e38)}[where]
+    t, h, row, value = target
+    t[0, h, row, 0] = value
+    if where == "huge query":
+        q = q * 1e30
+    got, ref = nk.attention(q, k, v, mask), sdpa(q, k, v, mask)
+    assert torch.equal(got.isnan(), ref.isnan()) and torch.equal(got.isinf(), ref.isinf())
+    torch.testing.assert_close(got.nan_to_num(), ref.nan_to_num(), rtol=1e-4, atol=1e-5)
+
+
 def test_bfloat16_within_its_tolerance(switches, gen):
     switches(NKI_AUTOTUNE_KERNELS="on")
     q, k, v = _qkv(gen, 2, 4, 2, 50, 50, 32, dtype=torch.bfloat16)

@@ -3,6 +3,8 @@
 Forward: each task takes ``block_q`` query rows of one head and walks the keys ``block_k`` at a time: the tile's
 scores by a BLAS matrix product (numba's ``np.dot``, float32), the mask or the causal triangle, the running max
 and sum of exponentials rescaled where the max rises, and the tile's probabilities times v added to the output.
+Tiles the causal triangle or a boolean mask masks whole are skipped, forward and backward (PyTorch's flash
+attention skips the causal ones only).
 It keeps each query row's log-sum-exp (float32) for the backward; the [sq, sk] probabilities never exist whole.
 Backward: one task per (batch, query head) recomputes each tile's probabilities from the log-sum-exp, and
 accumulates dv += p^T do, ds = p * (do v^T - rowsum(do * o)), dq += ds k, dk += ds^T q (scaled) in float32; the
@@ -53,14 +55,15 @@ _NEG = np.float32(-np.inf)
 
 
 def masked(mask, b, h, i, j, s):
-    """Score ``s`` under ``mask[b, h, i, j]``: -inf where a boolean mask is False, else s plus the additive mask."""
+    """Score ``s`` under ``mask[b, h, i, j]``: s + -inf where a boolean mask is False (-inf, or nan for a nan or
+    +inf score, as SDPA's own arithmetic gives), else s plus the additive mask."""
     raise NotImplementedError("masked runs only inside numba kernels")
 
 
 @overload(masked, inline="always", jit_options=dict(fastmath=FASTMATH, error_model="numpy"))
 def _masked(mask, b, h, i, j, s):
     if mask.dtype == nbtypes.boolean:
-        return lambda mask, b, h, i, j, s: s if mask[b, h, i, j] else _NEG
+        return lambda mask, b, h, i, j, s: s if mask[b, h, i, j] else s + _NEG
     return lambda mask, b, h, i, j, s: s + f32(mask[b, h, i, j])
 
 
@@ -84,6 +87,34 @@ def _cols(x, b, h, r0, r1):
         for c in range(d):
             t[c, i] = f32(x[b, h, r0 + i, c])
     return t
+
+
+def unmasked(mask, b, h, i, j):
+    """Whether ``mask[b, h, i, j]`` lets the key through: True for a boolean mask's True, and for any additive
+    value (an additive tile is never skipped, so a nan score spreads as in the expression)."""
+    raise NotImplementedError("unmasked runs only inside numba kernels")
+
+
+@overload(unmasked, inline="always", jit_options=dict(fastmath=FASTMATH, error_model="numpy"))
+def _unmasked(mask, b, h, i, j):
+    if mask.dtype == nbtypes.boolean:
+        return lambda mask, b, h, i, j: mask[b, h, i, j]
+    return lambda mask, b, h, i, j: True
+
+
+@helper(FASTMATH)
+def _skipped(mask, skip, b, h, i0, i1, j0, j1):
+    """Whether a boolean mask masks every key of tile [i0, i1) x [j0, j1): its scores, probabilities and
+    gradients are then not computed (they add nothing: exp(-inf) = 0). A padding mask with the causal triangle,
+    as Hugging Face passes, masks about half the tiles of a long sequence. ``skip`` is 0 where the inputs hold
+    inf or nan: a masked nan score or inf value still spreads nan in the expression."""
+    if not skip:
+        return False
+    for i in range(i0, i1):
+        for j in range(j0, j1):
+            if unmasked(mask, b, h, i, j):
+                return False
+    return True
 
 
 @helper(FASTMATH)
@@ -119,7 +150,7 @@ def _exp_row(s, i, m):
     return t
 
 
-def _forward_body(q, k, v, mask, kind, causal, scale, bq, bk, out, lse):
+def _forward_body(q, k, v, mask, kind, skip, causal, scale, bq, bk, out, lse):
     nb, hq, n, _ = q.shape
     hk, m, ev = k.shape[1], k.shape[2], v.shape[3]
     group = hq // hk
@@ -135,6 +166,8 @@ def _forward_body(q, k, v, mask, kind, causal, scale, bq, bk, out, lse):
         end = min(m, i1) if causal else m
         for j0 in range(0, end, bk):
             j1 = min(end, j0 + bk)
+            if _skipped(mask, skip, b, h, i0, i1, j0, j1):
+                continue
             s = np.dot(qt, _cols(k, b, g, j0, j1))
             _mask_tile(s, mask, kind, causal, b, h, i0, j0)
             for i in range(rows):
@@ -162,7 +195,7 @@ def _forward_body(q, k, v, mask, kind, causal, scale, bq, bk, out, lse):
             lse[b, h, i0 + i] = mx[i] + np.log(total[i])
 
 
-def _backward_body(do, q, k, v, o, lse, mask, kind, causal, scale, bq, bk, dq, dk, dv):
+def _backward_body(do, q, k, v, o, lse, mask, kind, skip, causal, scale, bq, bk, dq, dk, dv):
     nb, hq, n, e = q.shape
     hk, m, ev = k.shape[1], k.shape[2], v.shape[3]
     group = hq // hk
@@ -187,6 +220,8 @@ def _backward_body(do, q, k, v, o, lse, mask, kind, causal, scale, bq, bk, dq, d
             dva = np.zeros((j1 - j0, ev), np.float32)
             for i0 in range((j0 // bq) * bq if causal else 0, n, bq):
                 i1 = min(n, i0 + bq)
+                if _skipped(mask, skip, b, h, i0, i1, j0, j1):
+                    continue
                 s = np.dot(qs[i0:i1], kc)
                 _mask_tile(s, mask, kind, causal, b, h, i0, j0)
                 for i in range(i1 - i0):
@@ -248,7 +283,7 @@ def one_blas_thread():
             _BLAS[1](before)
 
 
-_DUMMY = np.ones((1, 1, 1, 1), np.bool_)
+_NO_MASK = torch.ones((1, 1, 1, 1), dtype=torch.bool)
 
 
 def _scale(q: torch.Tensor, attrs: dict) -> np.float32:
@@ -256,11 +291,14 @@ def _scale(q: torch.Tensor, attrs: dict) -> np.float32:
     return np.float32(1.0 / np.sqrt(q.shape[-1]) if s is None else s)
 
 
-def _mask(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> tuple[np.ndarray, int]:
-    """The mask broadcast to [b, hq, sq, sk] (a view: broadcast dims have stride 0), and whether there is one."""
-    if mask is None:
-        return np.broadcast_to(_DUMMY, (*q.shape[:3], k.shape[2])), 0
-    return array(mask.expand(*q.shape[:3], k.shape[2])), 1
+def _mask(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, *data: torch.Tensor) -> tuple:
+    """The mask broadcast to [b, hq, sq, sk] (a view: broadcast dims have stride 0), whether there is one, and
+    whether tiles it masks whole may be skipped (a boolean mask, and every value of ``data`` finite)."""
+    full = (*q.shape[:3], k.shape[2])
+    if mask is None:  # a stand-in of the boolean masks' type (writable, strided): no compile of its own
+        return array(_NO_MASK.expand(full)), 0, 0
+    skip = mask.dtype == torch.bool and all(bool(torch.isfinite(t).all()) for t in data)
+    return array(mask.expand(full)), 1, int(skip)
 
 
 def forward(tensors, attrs, config):
@@ -268,8 +306,8 @@ def forward(tensors, attrs, config):
     out, lse = fake(tensors, attrs)
     if out.numel():
         with one_blas_thread():
-            launch(_forward, config["threads"], array(q), array(k), array(v), *_mask(mask, q, k), attrs["causal"],
-                   _scale(q, attrs), config["block_q"], config["block_k"], array(out), lse.numpy())
+            launch(_forward, config["threads"], array(q), array(k), array(v), *_mask(mask, q, k, q, k, v),
+                   attrs["causal"], _scale(q, attrs), config["block_q"], config["block_k"], array(out), lse.numpy())
     return out, lse
 
 
@@ -283,8 +321,8 @@ def backward(grads, tensors, results, attrs, config, needs):
     if q.numel() and k.numel():
         with one_blas_thread():
             launch(_backward, config["threads"], array(do), array(q), array(k), array(v), array(o), lse.numpy(),
-                   *_mask(mask, q, k), attrs["causal"], _scale(q, attrs), config["block_q"], config["block_k"],
-                   dq.numpy(), dk.numpy(), dv.numpy())
+                   *_mask(mask, q, k, do, q, k, v), attrs["causal"], _scale(q, attrs), config["block_q"],
+                   config["block_k"], dq.numpy(), dk.numpy(), dv.numpy())
     else:
         for t in (dq, dk, dv):
             t.zero_()
