@@ -33,7 +33,7 @@ pytestmark = [
     pytest.mark.skipif(_root() is None, reason=f"{VAR} names no copy of the NKI Library (github.com/aws-neuron/"
                                                "nki-library, or its src/); .ci/run names ../shared/nki-library"),
 ]
-NAMES = ("rope.nkilib_hf", "cross_entropy.nkilib", "rmsnorm.nkilib_tkg")
+NAMES = ("rope.nkilib_hf", "cross_entropy.nkilib", "rmsnorm.nkilib_tkg", "attention.nkilib_cte")
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +66,7 @@ def test_registered_where_the_library_imports_with_the_kernels_parameters(impls)
     assert set(impls["cross_entropy.nkilib"].space) == {"positions_per_batch", "chunk_size", "fp32"}
     assert set(impls["rmsnorm.nkilib_tkg"].space) == {"hidden_dim_tp", "shard_on_h", "single_core_forced"}
     assert impls["rope.nkilib_hf"].space == {}  # rope_hf has no parameter to tune
+    assert set(impls["attention.nkilib_cte"].space) == {"mixed_precision"}
     assert nkilib.register() == list(impls.values())  # idempotent
     nkilib.unregister()
     assert all(i.name not in get_op(n.split(".")[0]).impls for n, i in impls.items())
@@ -160,7 +161,7 @@ def test_rmsnorm_tkg_output_layouts_at_lnc2(impls, lnc, config, rows):
 
 def test_supports_declines_what_the_kernels_cannot_take(impls, lnc):
     lnc(2)
-    rope, ce, norm = (impls[n] for n in NAMES)
+    rope, ce, norm, attn = (impls[n] for n in NAMES)
     q, c = ((1, 2, 128, 64), "float32"), ((1, 128, 64), "float32")
     key = key_of("rope", "inference", [q, q, c, c])
     assert "multiples of 128 x LNC=2" in rope.supports(key.inputs, key.attr_dict)
@@ -176,6 +177,16 @@ def test_supports_declines_what_the_kernels_cannot_take(impls, lnc):
     assert not norm.allows({**norm.default, "shard_on_h": 1}, key)  # LNC=1
     key = key_of("cross_entropy", "training", [((4, 64), "float16"), ((4,), "int64")])
     assert "float16" in ce.supports(key.inputs, key.attr_dict)
+    qkv = [((1, 2, 128, 32), "bfloat16")] * 3
+    key = key_of("attention", "training", [*qkv, ((1, 1, 128, 128), "bool")])
+    assert "a mask" in attn.supports(key.inputs, key.attr_dict)
+    key = key_of("attention", "training", [((1, 2, 128, 32), "float32")] * 3 + [None])
+    assert "supports bfloat16" in attn.supports(key.inputs, key.attr_dict)  # its matmuls are bfloat16
+    key = key_of("attention", "training", [((1, 2, 96, 32), "bfloat16")] * 3 + [None])
+    assert "multiples of 128" in attn.supports(key.inputs, key.attr_dict)
+    key = key_of("attention", "training", [qkv[0], *[((1, 2, 256, 32), "bfloat16")] * 2, None], {"causal": True})
+    assert "equal lengths" in attn.supports(key.inputs, key.attr_dict)
+    assert attn.supports(key.inputs[:3] + (None,), {**key.attr_dict, "causal": False}) is None
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -196,7 +207,7 @@ def test_registers_through_nki_op_and_launches_the_library_kernel_through_wrap_n
     real = make_inputs(impl.op, key, torch.Generator().manual_seed(1))
     values = (*[key.attr_dict[a] for a in impl.op.attrs], *twin.config_values(None))
     with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-        fakes = [mode.from_tensor(t) for t in real]
+        fakes = [None if t is None else mode.from_tensor(t) for t in real]  # attention: no mask
         out = standin.ops[f"nki_autotune::{twin.op_name}"](*fakes, *values)
         want = twin.fake(tuple(fakes), key.attr_dict)
     out = out if isinstance(out, tuple) else (out,)
@@ -209,7 +220,8 @@ def test_list_and_check_show_them(impls, capsys, monkeypatch):
     assert cli_here("list") == 0
     out = capsys.readouterr().out
     assert "nkilib_hf" in out and "positions_per_batch" in out and "hidden_dim_tp" in out
-    assert f"NKI Library (nkilib, {nkilib.origin()}): cross_entropy.nkilib, rmsnorm.nkilib_tkg, rope.nkilib_hf" in out
+    names = "attention.nkilib_cte, cross_entropy.nkilib, rmsnorm.nkilib_tkg, rope.nkilib_hf"
+    assert f"NKI Library (nkilib, {nkilib.origin()}): {names}" in out
     assert cli_here("check", "--ops", "rope") == 0
     out = capsys.readouterr().out
     assert out.count("rope.nkilib_hf") == 12 and out.count("multiples of 128") == 8 and " 0 failed" in out
