@@ -33,8 +33,10 @@ FAMILIES = {  # config class, model class, what the family adds to the tiny conf
 }
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=96, max_position_embeddings=64, pad_token_id=0, tie_word_embeddings=False)
-SITES = {"llama": {"rmsnorm": 5, "swiglu": 2, "rope": 2, "attention": 2, "cross_entropy": 1, "embedding": 1},
-         "qwen3": {"rmsnorm": 9, "swiglu": 2, "rope": 2, "attention": 2, "cross_entropy": 1, "embedding": 1}}
+SITES = {"llama": {"rmsnorm": 5, "swiglu": 2, "rope": 2, "attention": 2, "cross_entropy": 1, "linear_cross_entropy": 1,
+                   "embedding": 1},
+         "qwen3": {"rmsnorm": 9, "swiglu": 2, "rope": 2, "attention": 2, "cross_entropy": 1, "linear_cross_entropy": 1,
+                   "embedding": 1}}
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
@@ -65,12 +67,14 @@ def batch(seed: int, vocab: int = TINY["vocab_size"], b: int = 3, s: int = 12) -
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def run(model, inputs, **kwargs) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """Logits, loss and every parameter's gradient of one forward and backward."""
+def run(model, inputs, **kwargs) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, torch.Tensor]]:
+    """Logits (None where the patched head never makes them), loss and every parameter's gradient of one forward
+    and backward."""
     model.zero_grad(set_to_none=True)
     out = model(**inputs, **kwargs)
     out.loss.backward()
-    return out.logits.detach(), out.loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+    logits = None if out.logits is None else out.logits.detach()
+    return logits, out.loss.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
 def table_for(model, inputs, tmp_path, write_table) -> str:
@@ -113,6 +117,10 @@ def test_patched_matches_unpatched(family, dtype, tmp_path, write_table):
     for name, env in variants.items():
         with scope(**env):
             logits, loss, grads = run(model, inputs)
+            model.eval()
+            with torch.no_grad():
+                logits = model(**inputs).logits  # training with labels makes none: the head and loss are fused
+            model.train()
         assert torch.isfinite(logits).all()
         assert rel_err(logits, want[0]) <= TOL[dtype], name
         assert rel_err(loss, want[1]) <= TOL[dtype], name
@@ -127,6 +135,42 @@ def test_patched_matches_unpatched(family, dtype, tmp_path, write_table):
             assert torch.equal(logits, want[0]) and torch.equal(loss, want[1])
     pad = model.get_input_embeddings().padding_idx
     assert not grads["model.embed_tokens.weight"][pad].any()  # padding_idx: no gradient reaches its row
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_the_fused_head_and_loss_match_unpatched_and_make_no_logits(tied, switches, tmp_path):
+    """In training with labels the head and its loss are one linear_cross_entropy call: loss and every parameter's
+    gradient as unpatched (tied embeddings, num_items_in_batch, shift_labels with logits_to_keep), no logits;
+    eval mode and linear_cross_entropy=False keep the logits; the recorded profile names the fused site."""
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    ref = build("llama")
+    if tied:  # one parameter for the embedding and the head
+        ref.lm_head.weight = ref.model.embed_tokens.weight
+    model = copy.deepcopy(ref)
+    hf.patch(model)
+    inputs = batch(11)
+    shift = torch.randint(0, TINY["vocab_size"], (3, 5), generator=torch.Generator().manual_seed(3))
+    shift[1, 2] = -100
+    for extra in ({}, {"num_items_in_batch": torch.tensor(23)}, {"logits_to_keep": 5, "shift_labels": shift}):
+        logits, loss, grads = run(model, inputs, **extra)
+        _, want_loss, want = run(ref, inputs, **extra)
+        assert logits is None
+        assert rel_err(loss, want_loss) <= 1e-5, extra
+        assert grads.keys() == want.keys() and all(rel_err(g, want[p]) <= 1e-5 for p, g in grads.items()), extra
+    model.eval(), ref.eval()
+    out, want_out = model(**inputs), ref(**inputs)
+    assert rel_err(out.logits, want_out.logits) <= 1e-5 and rel_err(out.loss, want_out.loss) <= 1e-5
+    model.train()
+    assert model(input_ids=inputs["input_ids"]).logits is not None  # no labels: the class's forward
+    plain = copy.deepcopy(ref).train()
+    assert hf.patch(plain, linear_cross_entropy=False)["linear_cross_entropy"] == 0
+    assert plain(**inputs).logits is not None
+    with record(tmp_path / "p.yaml"):
+        run(model, inputs)
+    sites = load_profile(tmp_path / "p.yaml", ops()).sites
+    assert [(s.op, s.site) for s in sites if "cross_entropy" in s.op] == [("linear_cross_entropy", "LlamaForCausalLM")]
+    hf.unpatch(model)
+    assert "forward" not in model.__dict__ and run(model, inputs)[0] is not None
 
 
 def _flat(grads: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -171,7 +215,11 @@ def test_compiled_patched_model_has_one_graph_with_every_op_a_kernel(family, swi
     assert counters["graph_break"] == {}
     assert len(graphs.dynamo) == 1 and len(graphs.forward) == 1 and len(graphs.backward) == 1
     fwd = [str(n.target) for n in graphs.forward[0].graph.nodes if n.op == "call_function"]
+    counts["cross_entropy"] = 0  # a training step with labels: the loss is the fused head's
     for op, n in counts.items():
+        if not n:
+            assert str(cpu_impl(op).kernel_op) not in fwd, op
+            continue
         impl = cpu_impl(op)
         assert fwd.count(str(impl.kernel_op)) == n, op
         assert str(impl.bwd_op) in targets(graphs.backward[0]), op
@@ -241,11 +289,14 @@ def test_site_labels_are_qualified_module_names(tmp_path):
     path = tmp_path / "p.yaml"
     with record(path):
         run(model, batch(7))
+        model.eval()  # the loss on the logits: the cross-entropy site
+        model(**batch(7))
     recorded = {(s.op, s.site) for s in load_profile(path, ops()).sites}
     assert recorded == {(op, name) for op, names in hf.sites(model).items() for name in names}
     assert {("rmsnorm", "model.layers.0.input_layernorm"), ("rmsnorm", "model.layers.1.self_attn.k_norm"),
             ("rope", "model.layers.0.self_attn"), ("swiglu", "model.layers.1.mlp"),
-            ("embedding", "model.embed_tokens"), ("cross_entropy", "Qwen3ForCausalLM")} <= recorded
+            ("embedding", "model.embed_tokens"), ("cross_entropy", "Qwen3ForCausalLM"),
+            ("linear_cross_entropy", "Qwen3ForCausalLM")} <= recorded
 
 
 def test_other_families_are_refused_and_keep_their_numerics(switches):

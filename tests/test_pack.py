@@ -64,7 +64,7 @@ def cross_entropy_case(shape, gen):
     target = torch.randint(0, v + 1, (n,), generator=gen)
     target[torch.rand(n, generator=gen) < 0.2] = ignore
     target[0] = 1 if ignore == 0 else 0
-    return ("cross_entropy", (logits, target), (ignore, reduction),
+    return ("cross_entropy", (logits, target), (ignore, reduction, None),
             lambda x, t: F.cross_entropy(x, t, ignore_index=ignore, reduction=reduction),
             lambda x, t: nk.cross_entropy(x, t, ignore, reduction=reduction))
 
@@ -288,7 +288,7 @@ def test_peaked_rows_stay_exact_where_float32_pytorch_cancels(monkeypatch, gen, 
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
     x, peak = _peaked(3, 6, gen)
     op = get_op(name)
-    inputs, attrs = ((x,), (-1,)) if name == "softmax" else ((x, peak), (-100, "mean"))
+    inputs, attrs = ((x,), (-1,)) if name == "softmax" else ((x, peak), (-100, "mean", None))
     ref = lambda *t: op.reference(*t, *attrs)  # noqa: E731
     assert float32_floor(ref, inputs) > 1e-5  # the case is a hard one for float32
     ref_outs, ref_grads = run_with_grads(ref, as64(inputs))
@@ -310,7 +310,7 @@ def test_cross_entropy_far_below_zero_with_ignored_rows(monkeypatch, gen):
     ref = functools.partial(F.cross_entropy, ignore_index=-100)
     ref_outs, ref_grads = run_with_grads(ref, as64((x, t)))
     for impl in get_op("cross_entropy").impls.values():
-        call = functools.partial(_call_impl, impl, (-100, "mean"), impl.config_values(None))
+        call = functools.partial(_call_impl, impl, (-100, "mean", None), impl.config_values(None))
         outs, grads = run_with_grads(call, (x, t))
         assert rel_err(outs[0], ref_outs[0]) < 1e-5 and rel_err(grads[0], ref_grads[0]) < 1e-5, impl.qualname
 

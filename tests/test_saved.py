@@ -38,8 +38,8 @@ def _cases(gen):
         "swiglu": ((g, u), (), nk.swiglu),
         "rope": (_rope_inputs(gen), (), nk.rope),
         "softmax": ((torch.randn(n, d, generator=gen),), (-1,), nk.softmax),
-        "cross_entropy": ((torch.randn(n, d, generator=gen), torch.randint(0, d, (n,), generator=gen)), (-100, "mean"),
-                          nk.cross_entropy),
+        "cross_entropy": ((torch.randn(n, d, generator=gen), torch.randint(0, d, (n,), generator=gen)),
+                          (-100, "mean", None), nk.cross_entropy),
     }
 
 

@@ -133,6 +133,8 @@ def backward(grads, tensors, results, attrs, config, needs):
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     """Logits in any layout; int64 targets (PyTorch takes no other class indices)."""
+    if attrs["softcap"] is not None:
+        return "softcap (capped logits: linear_cross_entropy's kernels cap them; here the compiler path)"
     return shape_problem(specs, attrs) or require(specs, {0: FLOATS, 1: ("int64",)}, contiguous=False)
 
 

@@ -222,6 +222,8 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     x, _ = specs
     if attrs["reduction"] != "mean":
         return f"reduction={attrs['reduction']!r} (this kernel takes the mean)"
+    if attrs["softcap"] is not None:
+        return "softcap (capped logits: linear_cross_entropy's kernels cap them; here the compiler path)"
     if x.shape[1] >= 1 << 24:
         return f"vocabulary {x.shape[1]} (targets are compared in float32: under 2^24)"
     if not -(2**31) <= attrs["ignore_index"] < 2**31:

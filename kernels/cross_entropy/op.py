@@ -1,4 +1,6 @@
-"""Cross-entropy of logits [N, V] against int64 targets [N]: the mean over the targets not ignored, or the sum."""
+"""Cross-entropy of logits [N, V] against int64 targets [N]: the mean over the targets not ignored, or the sum; the
+logits optionally capped first (``softcap``: ``cap * tanh(logits / cap)``, Gemma 2 and 3's
+``final_logit_softcapping``)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,14 @@ from ...registry import Key, Op, register_op
 REDUCTIONS = ("mean", "sum")
 
 
-def reference(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str) -> torch.Tensor:
-    return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction)
+def capped(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """``softcap * tanh(logits / softcap)``, or the logits as they are for None."""
+    return logits if softcap is None else softcap * torch.tanh(logits / softcap)
+
+
+def reference(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
+              softcap: float | None = None) -> torch.Tensor:
+    return F.cross_entropy(capped(logits, softcap), target, ignore_index=ignore_index, reduction=reduction)
 
 
 def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, ignored: float = 0.05,
@@ -39,6 +47,12 @@ def shape_problem(specs, attrs: dict) -> str | None:
         return f"logits {list(x.shape)} and target {list(t.shape)} (supports logits [N, V], target [N])"
     if attrs["reduction"] not in REDUCTIONS:
         return f"reduction={attrs['reduction']!r} (supports {', '.join(map(repr, REDUCTIONS))})"
+    return cap_problem(attrs.get("softcap"))
+
+
+def cap_problem(cap: float | None) -> str | None:
+    if cap is not None and not 0 < cap < float("inf"):
+        return f"softcap={cap} (supports a finite positive cap)"
     return None
 
 
@@ -57,7 +71,8 @@ def kernel_problem(specs, attrs: dict) -> str | None:
 
 CROSS_ENTROPY = register_op(Op(
     name="cross_entropy", reference=reference, tensors=("logits", "target"),
-    attrs={"ignore_index": int, "reduction": str}, defaults={"ignore_index": -100, "reduction": "mean"},
+    attrs={"ignore_index": int, "reduction": str, "softcap": float | None},
+    defaults={"ignore_index": -100, "reduction": "mean", "softcap": None},
     differentiable=("logits",), data_dependent=("target",), make_inputs=make_inputs,
     examples=(
         ((((1, 5), "float32"), ((1,), "int64")), {}),

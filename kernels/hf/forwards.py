@@ -3,10 +3,12 @@ pack's op where transformers writes the PyTorch expression."""
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 
-from .. import cross_entropy, embedding, rmsnorm, swiglu
+from .. import cross_entropy, embedding, linear_cross_entropy, rmsnorm, swiglu
 
 
 def rmsnorm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -44,3 +46,61 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(loss.device)
     return loss / num_items_in_batch
+
+
+def _shifted(labels: torch.Tensor, ignore_index: int, shift_labels: torch.Tensor | None) -> torch.Tensor:
+    """transformers' shift: each position's label is the next token's (the last position ignored), flattened."""
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:].contiguous()
+    return shift_labels.view(-1)
+
+
+def linear_causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+                          num_items_in_batch: torch.Tensor | int | None = None, ignore_index: int = -100,
+                          shift_labels: torch.Tensor | None = None, softcap: float | None = None,
+                          **kwargs) -> torch.Tensor:
+    """``ForCausalLMLoss(lm_head(hidden), labels, ...)`` as one ``nk.linear_cross_entropy`` call: the logits are
+    never made. The loss is returned in float32, as transformers' (which upcasts the logits)."""
+    target = _shifted(labels, ignore_index, shift_labels).to(hidden.device)
+    hidden = hidden.reshape(-1, hidden.shape[-1])
+    if num_items_in_batch is None:
+        return linear_cross_entropy(hidden, weight, target, bias, ignore_index=ignore_index, reduction="mean",
+                                    softcap=softcap).float()
+    loss = linear_cross_entropy(hidden, weight, target, bias, ignore_index=ignore_index, reduction="sum",
+                                softcap=softcap).float()
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss / num_items_in_batch
+
+
+def _keep(module: torch.nn.Module, hidden: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+    """The positions the causal LM computes logits for: transformers' ``slice_logits_to_keep`` where the family's
+    modeling module has it, else its older inline slice."""
+    fn = getattr(sys.modules[type(module).__module__], "slice_logits_to_keep", None)
+    if fn is not None:
+        return fn(hidden, logits_to_keep)
+    keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+    return hidden[:, keep, :]
+
+
+def causal_lm_forward(self, params: tuple[str, ...], *args, **kwargs):
+    """``<Family>ForCausalLM.forward``: in training with labels, the head and its loss as one
+    ``nk.linear_cross_entropy`` call, the output's ``logits`` None (never materialised); otherwise (eval mode, or
+    no labels) the class's own forward, unchanged. ``params`` are the class forward's parameter names after
+    ``self``, read at patch time (so a compiled call does not inspect signatures)."""
+    call = dict(zip(params, args), **kwargs)
+    labels = call.pop("labels", None)
+    if not self.training or labels is None:
+        return type(self).forward(self, *args, **kwargs)
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    keep = call.pop("logits_to_keep", 0)
+    return_dict = call.pop("return_dict", None)
+    outputs = self.model(**call)
+    hidden = _keep(self, outputs[0], keep)
+    head = self.lm_head
+    loss = linear_causal_lm_loss(hidden, head.weight, head.bias, labels,
+                                 softcap=getattr(self.config, "final_logit_softcapping", None), **call)
+    out = CausalLMOutputWithPast(loss=loss, logits=None,
+                                 **{k: v for k, v in outputs.items() if k != "last_hidden_state"})
+    return out.to_tuple() if return_dict is False else out

@@ -39,6 +39,7 @@ from ..cross_entropy.cpu import _weight  # each counted token's weight in the lo
 from .op import LINEAR_CROSS_ENTROPY, fake, shape_problem
 
 CHUNKS = (64, 128, 256, 512, 1024)
+CPU_DEFAULT = {"threads": max_threads(), "chunk": 256}
 """Tokens per chunk: the logits buffer holds chunk x V float32 (at V = 128256, 128 MiB for 256 tokens)."""
 
 
@@ -173,14 +174,17 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
 
 
 def constraint(config: dict, key: Key) -> bool:
+    """More threads than rows is pointless, and so is a chunk of twice the tokens or more than one half its size
+    (the same single chunk), except the default's."""
     n = key.inputs[0].shape[0]
-    return (config["threads"] == 1 or min(n, config["chunk"]) >= config["threads"]) and \
-        (config["chunk"] == min(CHUNKS) or config["chunk"] // 2 < n)
+    chunk = config["chunk"]
+    return (config["threads"] == 1 or min(n, chunk) >= config["threads"]) and \
+        (chunk in (min(CHUNKS), CPU_DEFAULT["chunk"]) or chunk // 2 < n)
 
 
 CPU_CHUNKS = register_impl(Impl(
     op=LINEAR_CROSS_ENTROPY, name="cpu_chunks", backend="cpu", forward=forward, backward=backward, fake=fake,
     supports=supports, space={"threads": thread_choices(), "chunk": CHUNKS},
-    default={"threads": max_threads(), "chunk": 256}, constraint=constraint, forward_needs=True, saved=3,
+    default=CPU_DEFAULT, constraint=constraint, forward_needs=True, saved=3,
     reads={"hidden": ("result_1",), "weight": ("result_2",), "bias": ("result_3",)},
 ))

@@ -9,12 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ...registry import Key, Op, register_op
-from ..cross_entropy.op import REDUCTIONS
-
-
-def capped(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
-    """``softcap * tanh(logits / softcap)``, or the logits as they are for None."""
-    return logits if softcap is None else softcap * torch.tanh(logits / softcap)
+from ..cross_entropy.op import REDUCTIONS, cap_problem, capped
 
 
 def reference(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
@@ -57,10 +52,7 @@ def shape_problem(specs, attrs: dict) -> str | None:
                 "target [N], bias [V])")
     if attrs["reduction"] not in REDUCTIONS:
         return f"reduction={attrs['reduction']!r} (supports {', '.join(map(repr, REDUCTIONS))})"
-    cap = attrs["softcap"]
-    if cap is not None and not 0 < cap < float("inf"):
-        return f"softcap={cap} (supports a finite positive cap)"
-    return None
+    return cap_problem(attrs["softcap"])
 
 
 LINEAR_CROSS_ENTROPY = register_op(Op(
