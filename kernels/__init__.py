@@ -30,6 +30,7 @@ else:
     from .cross_entropy import cross_entropy
     from .embedding import embedding
     from .geglu import geglu
+    from .modules import module_sites, patch_modules, unpatch_modules
     from .rmsnorm import rmsnorm
     from .rope import rope
     from .segment_sum import segment_sum
@@ -40,4 +41,5 @@ else:
     check_switches(registered_only=True)  # a user's module may register more ops after the pack
     current()
 
-__all__ = ["cross_entropy", "embedding", "geglu", "rmsnorm", "rope", "segment_sum", "softmax", "swiglu"]
+__all__ = ["cross_entropy", "embedding", "geglu", "module_sites", "patch_modules", "rmsnorm", "rope", "segment_sum",
+           "softmax", "swiglu", "unpatch_modules"]
