@@ -22,7 +22,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from .. import rope
+from ..rope import rope
 from .families import forward_uses
 
 NAME = "apply_rotary_pos_emb"
