@@ -217,20 +217,20 @@ def test_twenty_adamw_steps_follow_the_unpatched_run(family, switches):
     assert max(abs(a - b) for a, b in zip(*losses)) <= 1e-4, list(zip(*losses))
 
 
-def test_unpatch_restores_the_forwards_and_the_rotary_function(switches):
-    import transformers.models.llama.modeling_llama as modeling
-
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_unpatch_restores_the_forwards_and_the_rotary_function(switches, family):
+    modeling = hf.families.FAMILIES[family].modeling
     switches(NKI_AUTOTUNE_KERNELS="on")
     gc.collect()  # models other tests patched and dropped count as unpatched
     original = modeling.apply_rotary_pos_emb
     assert original.__module__ == modeling.__name__ and not hasattr(original, "__wrapped__")
-    ref, model, other = build("llama"), build("llama"), build("llama")
+    ref, model, other = build(family), build(family), build(family)
     before = {n: p for n, p in model.named_parameters()}
     state = {k: (v.data_ptr(), v.dtype, v.device) for k, v in model.state_dict().items()}
     hf.patch(model)
     hf.patch(other)
     first = {n: m.__dict__["forward"] for n, m in model.named_modules() if "forward" in m.__dict__}
-    assert hf.patch(model) == SITES["llama"]  # a second patch changes nothing
+    assert hf.patch(model) == SITES[family]  # a second patch changes nothing
     assert first == {n: m.__dict__["forward"] for n, m in model.named_modules() if "forward" in m.__dict__}
     assert {n: p for n, p in model.named_parameters()} == before
     assert {k: (v.data_ptr(), v.dtype, v.device) for k, v in model.state_dict().items()} == state
@@ -239,7 +239,7 @@ def test_unpatch_restores_the_forwards_and_the_rotary_function(switches):
     assert modeling.apply_rotary_pos_emb is not original  # `other` is still patched
     hf.unpatch(other)
     assert modeling.apply_rotary_pos_emb is original
-    dropped = build("llama")
+    dropped = build(family)
     hf.patch(dropped)
     assert modeling.apply_rotary_pos_emb is not original
     del dropped
