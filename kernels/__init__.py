@@ -32,6 +32,7 @@ else:
     from .embedding import embedding
     from .geglu import geglu
     from .linear_cross_entropy import linear_cross_entropy
+    from .modules import module_sites, patch_modules, unpatch_modules
     from .rmsnorm import rmsnorm
     from .rope import rope
     from .segment_sum import segment_sum
@@ -45,5 +46,5 @@ else:
     check_switches(registered_only=True)  # a user's module may register more ops after the pack
     current()
 
-__all__ = ["attention", "cross_entropy", "embedding", "geglu", "linear_cross_entropy", "rmsnorm", "rope",
-           "segment_sum", "softmax", "swiglu"]
+__all__ = ["attention", "cross_entropy", "embedding", "geglu", "linear_cross_entropy", "module_sites", "patch_modules",
+           "rmsnorm", "rope", "segment_sum", "softmax", "swiglu", "unpatch_modules"]

@@ -128,7 +128,10 @@ class Key:
         ``mode`` overrides: inference drops every gradient; training keeps the recorded ones, or (where none was
         recorded) asks for every differentiable input's. An op with nothing to differentiate stays inference.
         None stands for an absent optional tensor, which needs nothing; at a required position it is an error.
+        An attribute not given takes the op's default (``defaults``), as in profiles and tables: a key written before
+        an op gained an attribute (rmsnorm's offset) is the key of the same call.
         """
+        attrs = {**getattr(op, "defaults", {}), **attrs}
         for j, s in enumerate(specs):
             why = none_refused(op, j) if s is None else None
             if why is not None:

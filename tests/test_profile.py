@@ -40,7 +40,7 @@ class Net(nn.Module):
 
 def test_round_trip(tmp_path):
     p = Profile([Site("rmsnorm", (TensorSpec((2, 3, 8), "float32", requires_grad=True), TensorSpec((8,), "float32")),
-                      {"eps": 1e-5}, "m.norm", 4)])
+                      {"eps": 1e-5, "offset": 0.0}, "m.norm", 4)])
     p.save(tmp_path / "p.yaml")
     back = load_profile(tmp_path / "p.yaml", ops())
     assert back.sites == p.sites
@@ -81,7 +81,7 @@ def test_bad_profiles_name_file_site_and_field(tmp_path, change, where, what):
 def test_missing_attrs_take_the_op_defaults(tmp_path):
     site = {k: v for k, v in GOOD.items() if k != "attrs"}
     prof = load_profile(_write(tmp_path, [site]), ops())
-    assert prof.sites[0].attrs == {"eps": 1e-6}
+    assert prof.sites[0].attrs == {"eps": 1e-6, "offset": 0.0}
 
 
 def test_keys_merge_sites_with_the_same_shape(tmp_path):
@@ -101,7 +101,7 @@ def test_recorder_labels_sites_by_module_and_counts_calls_per_step(tmp_path):
     by_label = {s.site: s for s in prof.sites}
     assert set(by_label) >= {"blocks.0", "blocks.1", "head_norm"}
     assert by_label["blocks.0"].calls == 1 and by_label["blocks.0"].inputs[0].shape == (2, 5, 16)
-    assert by_label["blocks.0"].inputs[0].requires_grad and by_label["blocks.0"].attrs == {"eps": 1e-5}
+    assert by_label["blocks.0"].inputs[0].requires_grad and by_label["blocks.0"].attrs == {"eps": 1e-5, "offset": 0.0}
     assert by_label["head_norm"].inputs[0].shape == (2, 5, 8)
     loose = [s for s in prof.sites if "test_profile.py:" in s.site]
     assert len(loose) == 1

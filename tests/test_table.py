@@ -203,7 +203,7 @@ def test_an_attribute_a_table_does_not_name_takes_the_ops_default(tmp_path):
     doc = _doc(attrs={})
     doc["entries"] = doc["entries"][1:]
     (e,) = load_table(_write(tmp_path, doc), ops()).entries
-    assert e.key == rmsnorm_key((8, 64)) and e.key.attr_dict == {"eps": 1e-6}
+    assert e.key == rmsnorm_key((8, 64)) and e.key.attr_dict == {"eps": 1e-6, "offset": 0.0}
 
 
 def test_a_version_this_nki_autotune_does_not_read_is_named(tmp_path):

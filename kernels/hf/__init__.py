@@ -5,15 +5,17 @@
                    #  "linear_cross_entropy": 1, "embedding": 1}
 
 ``patch`` binds new forwards on this model's modules (never on their classes, never on
-``torch.nn.functional``), matched by exact class in the families Llama, Mistral, Qwen2 and Qwen3: RMSNorm
-modules (Qwen3's per-head ``q_norm``/``k_norm`` too), SiLU-gated MLPs, the rotary embedding of each attention
-and its ``sdpa`` attention function (``nk.attention``; other attention implementations are left as they are),
-the token embedding, the causal-LM loss (the instance's ``loss_function``) and, in training with labels, the
-causal-LM head and its loss as one ``nk.linear_cross_entropy`` call (the instance's ``forward``; its output's
-``logits`` is then None: the logits are never made). Weights, ``state_dict``,
-devices and dtypes are untouched; each op runs the pack's function, so the switches and tables decide per call
-site (labelled by the module's qualified name, e.g. ``model.layers.0.input_layernorm``) between a kernel and
-the expression transformers writes. ``unpatch`` restores every forward; patching twice changes nothing.
+``torch.nn.functional``), matched by exact class in the families Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2 and
+Gemma 3 (text): RMSNorm modules (Qwen3's and Gemma 3's per-head ``q_norm``/``k_norm`` too; Gemma's scale by
+``1 + weight``), SiLU-gated MLPs (``swiglu``) and Gemma's GELU(tanh)-gated ones (``geglu``), the rotary embedding
+of each attention and its ``sdpa`` attention function (``nk.attention``; other attention implementations are left
+as they are), the token embedding (Gemma's scaled by sqrt(hidden size)), the causal-LM loss (the instance's
+``loss_function``; Gemma 2 and 3 cap their logits before it, so it takes the capped logits) and, in training with
+labels, the causal-LM head and its loss as one ``nk.linear_cross_entropy`` call (the instance's ``forward``; its
+output's ``logits`` is then None: the logits are never made). Weights, ``state_dict``, devices and dtypes are
+untouched; each op runs the pack's function, so the switches and tables decide per call site (labelled by the
+module's qualified name, e.g. ``model.layers.0.input_layernorm``) between a kernel and the expression transformers
+writes. ``unpatch`` restores every forward; patching twice changes nothing.
 """
 
 from __future__ import annotations
@@ -23,28 +25,41 @@ import sys
 from collections.abc import Iterator
 from functools import partial
 
+import torch.nn.functional as F
 from torch import nn
 
 from . import rope as _rope
 from .families import Family, UnsupportedModel, families_of, forward_uses
-from .forwards import causal_lm_forward, causal_lm_loss, embedding_forward, mlp_forward, rmsnorm_forward
+from .forwards import (
+    causal_lm_forward,
+    causal_lm_loss,
+    embedding_forward,
+    geglu_mlp_forward,
+    gemma_rmsnorm_forward,
+    mlp_forward,
+    rmsnorm_forward,
+    scaled_embedding_forward,
+)
 from .rope import check_routable
 from .version import SUPPORTED, UnsupportedVersion, check_version
 
-OPS = ("rmsnorm", "swiglu", "rope", "attention", "cross_entropy", "linear_cross_entropy", "embedding")
+OPS = ("rmsnorm", "swiglu", "geglu", "rope", "attention", "cross_entropy", "linear_cross_entropy", "embedding")
 _FORWARD = {"rmsnorm": rmsnorm_forward, "swiglu": mlp_forward, "embedding": embedding_forward,
             "linear_cross_entropy": causal_lm_forward}
-_OP_OF = {f: op for op, f in _FORWARD.items()}
+_GEMMA = {"rmsnorm": gemma_rmsnorm_forward, "geglu": geglu_mlp_forward}
+_SCALED = scaled_embedding_forward
+"""Gemma's forwards, and that of its scaled embedding (``TextScaledWordEmbedding``, from transformers 5)."""
+_OP_OF = {f: op for op, f in (*_FORWARD.items(), *_GEMMA.items(), ("embedding", _SCALED))}
 
 
-def patch(model: nn.Module, *, rmsnorm: bool = True, swiglu: bool = True, rope: bool = True,
+def patch(model: nn.Module, *, rmsnorm: bool = True, swiglu: bool = True, geglu: bool = True, rope: bool = True,
           attention: bool = True, cross_entropy: bool = True, linear_cross_entropy: bool = True,
           embedding: bool = True) -> dict[str, int]:
     """Patch ``model`` in place; returns the number of call sites of each op that now run the pack.
     Every check runs before anything is bound: a refused model is left as it was. ``linear_cross_entropy=False``
     keeps the logits of a training step with labels (the loss then runs ``nk.cross_entropy`` on them)."""
     check_version()
-    wanted = {"rmsnorm": rmsnorm, "swiglu": swiglu, "rope": rope, "attention": attention,
+    wanted = {"rmsnorm": rmsnorm, "swiglu": swiglu, "geglu": geglu, "rope": rope, "attention": attention,
               "cross_entropy": cross_entropy, "linear_cross_entropy": linear_cross_entropy, "embedding": embedding}
     todo = []
     routes: dict[int, set[str]] = {}  # per attention module, the ops its forward routes
@@ -74,7 +89,7 @@ def patch(model: nn.Module, *, rmsnorm: bool = True, swiglu: bool = True, rope: 
                            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.POSITIONAL_ONLY))
             module.forward = partial(causal_lm_forward, module, params)
         else:  # a partial, not a bound method: a patched model pickles and copies (a method pickles by its name)
-            module.forward = partial(_FORWARD[op], module)
+            module.forward = partial(_forward(op, module, family), module)
     return {op: len(names) for op, names in sites(model).items()}
 
 
@@ -98,6 +113,15 @@ def sites(model: nn.Module) -> dict[str, list[str]]:
         for op in _patched_ops(module):
             out[op].append(name or type(module).__name__)
     return out
+
+
+def _forward(op: str, module: nn.Module, family: Family):
+    """The forward ``patch`` binds for ``op`` on ``module`` of ``family``."""
+    if family.gemma and op in _GEMMA:
+        return _GEMMA[op]
+    if op == "embedding" and type(module) is not nn.Embedding:
+        return _SCALED
+    return _FORWARD[op]
 
 
 def _patched_ops(module: nn.Module) -> tuple[str, ...]:
@@ -140,18 +164,20 @@ def _candidates(model: nn.Module, family: Family) -> Iterator[tuple[str, str, nn
     from transformers.activations import SiLUActivation
     from transformers.loss.loss_utils import ForCausalLMLoss
 
-    norm, mlp, attention, base, causal_lm = (family.cls(k) for k in ("RMSNorm", "MLP", "Attention", "Model",
-                                                                     "ForCausalLM"))
+    norm, mlp, attention, base, causal_lm, scaled = (
+        family.cls(k) for k in ("RMSNorm", "MLP", "Attention", "Model", "ForCausalLM", "TextScaledWordEmbedding"))
     for name, m in model.named_modules():
         kind = type(m)
-        if kind is norm and hasattr(m, "variance_epsilon"):
+        if kind is norm and hasattr(m, "eps" if family.gemma else "variance_epsilon"):
             yield "rmsnorm", name, m
-        elif kind is mlp and type(getattr(m, "act_fn", None)) in (SiLUActivation, nn.SiLU):
+        elif kind is mlp and not family.gemma and type(getattr(m, "act_fn", None)) in (SiLUActivation, nn.SiLU):
             yield "swiglu", name, m
+        elif kind is mlp and family.gemma and _gelu_tanh(getattr(m, "act_fn", None)):
+            yield "geglu", name, m
         elif kind is attention:
             yield "rope", name, m
             yield "attention", name, m
-        elif kind is base and _plain_embedding(getattr(m, "embed_tokens", None)):
+        elif kind is base and _plain_embedding(getattr(m, "embed_tokens", None), scaled):
             yield "embedding", f"{name}.embed_tokens".lstrip("."), m.embed_tokens
         elif kind is causal_lm:
             if "_loss_function" in m.__dict__ or m.loss_function is ForCausalLMLoss:
@@ -160,8 +186,24 @@ def _candidates(model: nn.Module, family: Family) -> Iterator[tuple[str, str, nn
                 yield "linear_cross_entropy", name, m
 
 
-def _plain_embedding(m: nn.Module | None) -> bool:
-    return (type(m) is nn.Embedding and m.max_norm is None and not m.scale_grad_by_freq and not m.sparse)
+def _plain_embedding(m: nn.Module | None, scaled: type | None = None) -> bool:
+    """An ``nn.Embedding`` (or the family's scaled one, exactly) without max_norm, gradient scaling or sparse
+    gradients."""
+    return (m is not None and type(m) in (nn.Embedding, scaled) and m.max_norm is None and not m.scale_grad_by_freq
+            and not m.sparse)
+
+
+def _gelu_tanh(act: nn.Module | None) -> bool:
+    """Whether ``act`` is ``F.gelu(x, approximate="tanh")``: transformers' ``gelu_pytorch_tanh`` (``GELUTanh``, in
+    older versions ``PytorchGELUTanh``; not its pure-Python formula, ``gelu_python_tanh``) or ``nn.GELU("tanh")``."""
+    import transformers.activations as acts
+
+    if type(act) is nn.GELU:
+        return act.approximate == "tanh"
+    if type(act) not in {getattr(acts, n, None) for n in ("GELUTanh", "PytorchGELUTanh")} - {None}:
+        return False
+    fn = getattr(act, "act", None)  # GELUTanh holds its function; PytorchGELUTanh calls F.gelu in its forward
+    return fn is None or (isinstance(fn, partial) and fn.func is F.gelu and fn.keywords == {"approximate": "tanh"})
 
 
 __all__ = ["OPS", "SUPPORTED", "UnsupportedModel", "UnsupportedVersion", "causal_lm_forward", "causal_lm_loss",

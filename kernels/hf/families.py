@@ -15,18 +15,30 @@ class Family:
 
     model_type: str
     prefix: str
+    module: str = ""
+    """The modeling module's folder, where it is not the model type (Gemma 3's text model lives in ``gemma3``)."""
+    names: tuple[tuple[str, str], ...] = ()
+    """Class names of kinds that do not follow ``prefix + kind`` (Gemma 3's text ``Model``)."""
+    gemma: bool = False
+    """Gemma's numerics: RMSNorm scales by ``1 + weight`` and casts the product (not the norm) to the input's dtype;
+    the MLP is GELU(tanh)-gated; the token embedding is scaled by sqrt(hidden size) (``TextScaledWordEmbedding``)."""
 
     @property
     def modeling(self) -> ModuleType:
-        return importlib.import_module(f"transformers.models.{self.model_type}.modeling_{self.model_type}")
+        folder = self.module or self.model_type
+        return importlib.import_module(f"transformers.models.{folder}.modeling_{folder}")
 
-    def cls(self, kind: str) -> type:
-        """The family's class of one kind: RMSNorm, MLP, Attention, Model, ForCausalLM."""
-        return getattr(self.modeling, f"{self.prefix}{kind}")
+    def cls(self, kind: str) -> type | None:
+        """The family's class of one kind: RMSNorm, MLP, Attention, Model, ForCausalLM, TextScaledWordEmbedding
+        (None where this transformers has no such class)."""
+        return getattr(self.modeling, dict(self.names).get(kind, f"{self.prefix}{kind}"), None)
 
 
 FAMILIES = {f.model_type: f for f in (Family("llama", "Llama"), Family("mistral", "Mistral"),
-                                      Family("qwen2", "Qwen2"), Family("qwen3", "Qwen3"))}
+                                      Family("qwen2", "Qwen2"), Family("qwen3", "Qwen3"),
+                                      Family("gemma", "Gemma", gemma=True), Family("gemma2", "Gemma2", gemma=True),
+                                      Family("gemma3_text", "Gemma3", module="gemma3", gemma=True,
+                                             names=(("Model", "Gemma3TextModel"),)))}
 
 
 def forward_uses(cls: type, name: str) -> bool:
@@ -43,8 +55,8 @@ class UnsupportedModel(ValueError):
 
 def families_of(model: nn.Module) -> list[Family]:
     """The families of the Hugging Face models in ``model``; an error for a model of any other family
-    (another family's modules compute other things under the same names: Gemma's RMSNorm scales by
-    ``1 + weight``, its MLP is GELU-gated)."""
+    (another family's modules compute other things under the same names: OLMo 2 normalises after attention,
+    Phi-3 fuses its projections)."""
     from transformers import PreTrainedModel
 
     supported = ", ".join(FAMILIES)

@@ -8,7 +8,12 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from .. import cross_entropy, embedding, linear_cross_entropy, rmsnorm, swiglu
+from ..cross_entropy import cross_entropy
+from ..embedding import embedding
+from ..geglu import geglu
+from ..linear_cross_entropy import linear_cross_entropy
+from ..rmsnorm import rmsnorm
+from ..swiglu import swiglu
 
 
 def rmsnorm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -18,6 +23,22 @@ def rmsnorm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     norm computed in bfloat16 would move its gradients by a few percent (the casts are no-ops in float32)."""
     dtype = torch.promote_types(hidden_states.dtype, self.weight.dtype)
     return rmsnorm(hidden_states.float(), self.weight.float(), self.variance_epsilon).to(dtype)
+
+
+def gemma_rmsnorm_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """``GemmaRMSNorm.forward`` (Gemma 2 and 3 too, Gemma 3's ``q_norm``/``k_norm`` included): the norm of
+    ``x.float()`` times ``1 + weight.float()``, cast to x's dtype at the end (Llama casts before the weight)."""
+    return rmsnorm(x.float(), self.weight.float(), self.eps, offset=1.0).type_as(x)
+
+
+def geglu_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """``down(gelu_tanh(gate(x)) * up(x))`` of Gemma's MLP."""
+    return self.down_proj(geglu(self.gate_proj(x), self.up_proj(x)))
+
+
+def scaled_embedding_forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    """``GemmaTextScaledWordEmbedding.forward``: the embedding times ``embed_scale`` in the weight's dtype."""
+    return embedding(input_ids, self.weight, padding_idx=self.padding_idx) * self.embed_scale.to(self.weight.dtype)
 
 
 def mlp_forward(self, x: torch.Tensor) -> torch.Tensor:

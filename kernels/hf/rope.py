@@ -24,7 +24,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from .. import rope
+from ..rope import rope
 from .attention import INTERFACE, AttentionRouter
 from .families import forward_uses
 

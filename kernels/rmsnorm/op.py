@@ -38,7 +38,7 @@ def scale(x: torch.Tensor, weight: torch.Tensor | None, attrs: dict) -> tuple[to
     at offset 0, an exact product."""
     if weight is None:
         return torch.ones(x.shape[-1], dtype=x.dtype, device=x.device), 0.0
-    return weight, attrs["offset"]
+    return weight, attrs.get("offset", 0.0)  # keys written before the offset existed hold only eps
 
 
 def shape_problem(specs, attrs: dict) -> str | None:
