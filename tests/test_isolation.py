@@ -32,6 +32,8 @@ def test_bad_impls_fail_with_their_reasons_and_the_run_goes_on(tmp_path):
     assert entry.impl in (None, "cpu_good"), entry
     errors = {}
     for s in optuna.get_all_study_summaries(open_storage(db)):
+        if s.study_name.startswith("calibration:"):  # the machine's quiet calibration reference, no trials
+            continue
         study = optuna.load_study(study_name=s.study_name, storage=open_storage(db))
         impl = s.study_name.split(":")[2]
         errors[impl] = [t.user_attrs.get("info", {}).get("error", "") for t in study.trials if t.state.name == "FAIL"]
