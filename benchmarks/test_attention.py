@@ -53,6 +53,8 @@ def test_attention(label, mode):
     w.prepare(1)
     compiler = w.compiler()
     kernels = [w.kernel(IMPL, c) for c in configs]
+    for i, kernel in enumerate(kernels):  # one name each: the times are kept by name
+        kernel.name = f"{kernel.name}#{i}"
     times = interleave([compiler, *kernels], rounds=ROUNDS, clock=Clock(CPU.synchronize), warmup=2)
     q, k = inputs[0][0], inputs[1][0]
     nbytes = F32 * (2 * _n(q) + 2 * _n(k)) * (3 if key.grads else 1)  # q, k, v, out once (and their gradients)

@@ -54,17 +54,17 @@ BLOCKS_K = (64, 128, 256, 512)
 _NEG = np.float32(-np.inf)
 
 
-def masked(mask, b, h, i, j, s):
-    """Score ``s`` under ``mask[b, h, i, j]``: s + -inf where a boolean mask is False (-inf, or nan for a nan or
-    +inf score, as SDPA's own arithmetic gives), else s plus the additive mask."""
+def masked(row, j, s):
+    """Score ``s`` under ``row[j]``, one row of the mask: s + -inf where a boolean mask is False (-inf, or nan for a
+    nan or +inf score, as SDPA's own arithmetic gives), else s plus the additive mask."""
     raise NotImplementedError("masked runs only inside numba kernels")
 
 
 @overload(masked, inline="always", jit_options=dict(fastmath=FASTMATH, error_model="numpy"))
-def _masked(mask, b, h, i, j, s):
-    if mask.dtype == nbtypes.boolean:
-        return lambda mask, b, h, i, j, s: s if mask[b, h, i, j] else s + _NEG
-    return lambda mask, b, h, i, j, s: s + f32(mask[b, h, i, j])
+def _masked(row, j, s):
+    if row.dtype == nbtypes.boolean:
+        return lambda row, j, s: s if row[j] else s + _NEG
+    return lambda row, j, s: s + f32(row[j])
 
 
 @helper(FASTMATH)
@@ -89,17 +89,17 @@ def _cols(x, b, h, r0, r1):
     return t
 
 
-def unmasked(mask, b, h, i, j):
-    """Whether ``mask[b, h, i, j]`` lets the key through: True for a boolean mask's True, and for any additive
-    value (an additive tile is never skipped, so a nan score spreads as in the expression)."""
+def unmasked(row, j):
+    """Whether ``row[j]``, one row of the mask, lets the key through: True for a boolean mask's True, and for any
+    additive value (an additive tile is never skipped, so a nan score spreads as in the expression)."""
     raise NotImplementedError("unmasked runs only inside numba kernels")
 
 
 @overload(unmasked, inline="always", jit_options=dict(fastmath=FASTMATH, error_model="numpy"))
-def _unmasked(mask, b, h, i, j):
-    if mask.dtype == nbtypes.boolean:
-        return lambda mask, b, h, i, j: mask[b, h, i, j]
-    return lambda mask, b, h, i, j: True
+def _unmasked(row, j):
+    if row.dtype == nbtypes.boolean:
+        return lambda row, j: row[j]
+    return lambda row, j: True
 
 
 @helper(FASTMATH)
@@ -111,8 +111,9 @@ def _skipped(mask, skip, b, h, i0, i1, j0, j1):
     if not skip:
         return False
     for i in range(i0, i1):
+        row = mask[b, h, i]
         for j in range(j0, j1):
-            if unmasked(mask, b, h, i, j):
+            if unmasked(row, j):
                 return False
     return True
 
@@ -123,8 +124,9 @@ def _mask_tile(s, mask, kind, causal, b, h, i0, j0):
     rows, cols = s.shape
     if kind:
         for i in range(rows):
+            row = mask[b, h, i0 + i, j0:j0 + cols]
             for j in range(cols):
-                s[i, j] = masked(mask, b, h, i0 + i, j0 + j, s[i, j])
+                s[i, j] = masked(row, j, s[i, j])
     if causal and j0 + cols - 1 > i0:
         for i in range(rows):
             for j in range(max(0, i0 + i + 1 - j0), cols):
