@@ -30,11 +30,19 @@ FAMILIES = {  # config class, model class, what the family adds to the tiny conf
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 8}),  # per-head q_norm / k_norm
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),  # fused gate_up_proj and qkv_proj
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),  # post-norms; q/k norms across all heads, weight in float32
+    "granite": ("GraniteConfig", "GraniteForCausalLM",  # multipliers away from 1, each where Granite applies it
+                {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "logits_scaling": 2.5,
+                 "attention_multiplier": 0.2}),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"no_rope_layers": [1, 0]}),  # layer 1 is NoPE
 }
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=96, max_position_embeddings=64, pad_token_id=0, tie_word_embeddings=False)
 SITES = {"llama": {"rmsnorm": 5, "swiglu": 2, "rope": 2, "cross_entropy": 1, "embedding": 1},
-         "qwen3": {"rmsnorm": 9, "swiglu": 2, "rope": 2, "cross_entropy": 1, "embedding": 1}}
+         "qwen3": {"rmsnorm": 9, "swiglu": 2, "rope": 2, "cross_entropy": 1, "embedding": 1},
+         "olmo2": {"rmsnorm": 9, "swiglu": 2, "rope": 2, "cross_entropy": 1, "embedding": 1},
+         "smollm3": {"rmsnorm": 5, "swiglu": 2, "rope": 1, "cross_entropy": 1, "embedding": 1}}
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
@@ -43,9 +51,9 @@ def build(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, noise:
     """A tiny model of ``family`` with random weights: transformers' init moved by ``noise`` (norm weights not one)."""
     config_cls, model_cls, family_extra = FAMILIES.get(family, (None, None, {}))
     if config_cls is None:
-        config_cls, model_cls = f"{family}Config", f"{family}ForCausalLM"
+        config_cls, model_cls = f"{family}Config", f"{family}LMHeadModel"
     torch.manual_seed(seed)
-    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**TINY, **family_extra, **extra))
+    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**TINY, **{**family_extra, **extra}))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(noise * torch.randn_like(p))
@@ -249,24 +257,72 @@ def test_site_labels_are_qualified_module_names(tmp_path):
 
 
 def test_other_families_are_refused_and_keep_their_numerics(switches):
-    """Gemma's RMSNorm is (1 + w)-scaled and its MLP GELU-gated: patching it is refused, and neither it nor an
-    unpatched model of a patched family computes anything else while another model is patched."""
+    """A family nobody names (GPT-2: LayerNorm, GELU MLP, learned positions) is refused and left exactly as it
+    was, and neither it nor an unpatched model of a patched family computes anything else while another model
+    is patched."""
     switches(NKI_AUTOTUNE_KERNELS="on")
-    gemma = build("Gemma", head_dim=8)
+    gpt2 = build("GPT2", n_inner=64)
     bystander = build("llama")
     inputs = batch(8)
-    want_gemma, want_llama = run(gemma, inputs), run(bystander, inputs)
-    with pytest.raises(hf.UnsupportedModel, match="'gemma'.*supported families: llama, mistral, qwen2, qwen3"):
-        hf.patch(gemma)
+    want_gpt2, want_llama = run(gpt2, inputs), run(bystander, inputs)
+    forwards = {n: m.__dict__.get("forward") for n, m in gpt2.named_modules()}
+    supported = ", ".join(hf.families.FAMILIES)
+    with pytest.raises(hf.UnsupportedModel, match=f"'gpt2'.*supported families: {supported}$"):
+        hf.patch(gpt2)
+    assert forwards == {n: m.__dict__.get("forward") for n, m in gpt2.named_modules()}
+    assert "_loss_function" not in gpt2.__dict__
     patched = build("llama")
     hf.patch(patched)
-    for model, want in ((gemma, want_gemma), (bystander, want_llama)):
+    for model, want in ((gpt2, want_gpt2), (bystander, want_llama)):
         got = run(model, inputs)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         assert all(torch.equal(g, want[2][p]) for p, g in got[2].items())
     with pytest.raises(hf.UnsupportedModel, match="holds no Hugging Face model"):
         hf.patch(torch.nn.Linear(2, 2))
     hf.unpatch(patched)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_the_halves_of_a_fused_gate_up_projection_run_the_kernel_in_place(dtype, switches):
+    """Phi-3's MLP passes ``gate_up.chunk(2, -1)`` to ``nk.swiglu``: rows with a stride, which the CPU kernel
+    reads where they are; its value and both gradients are the expression's."""
+    from nki_autotune.registry import explain
+
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    gate_up = torch.randn(3, 5, 2 * 24, dtype=dtype)
+    dy = torch.randn(3, 5, 24, dtype=dtype)
+    results = []
+    for env in ("on", "off"):
+        with scope(NKI_AUTOTUNE_KERNELS=env):
+            x = gate_up.clone().requires_grad_()
+            gate, up = x.chunk(2, dim=-1)
+            assert not gate.is_contiguous()
+            if env == "on":
+                assert explain("swiglu", gate, up).impl == "cpu_fused", explain("swiglu", gate, up)
+            y = nk.swiglu(gate, up)
+            y.backward(dy)
+            results.append((y.detach(), x.grad))
+    (y, dx), (want_y, want_dx) = results
+    tol = 1e-6 if dtype == torch.float32 else 1e-2  # the kernel computes bfloat16 in float32, rounding once
+    assert rel_err(y, want_y) <= tol and rel_err(dx, want_dx) <= tol
+
+
+def test_attention_without_a_whole_head_rotary_embedding_keeps_its_forward(switches):
+    """Phi-3 with a partial rotary embedding (the first half of each head rotated) and SmolLM3's NoPE layer:
+    their attention computes what transformers writes, and ``patch`` does not count it."""
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    phi3 = build("phi3", partial_rotary_factor=0.5)
+    ref = copy.deepcopy(phi3)
+    assert hf.patch(phi3)["rope"] == 0
+    smol = build("smollm3")
+    hf.patch(smol)
+    assert hf.sites(smol)["rope"] == ["model.layers.0.self_attn"]
+    assert "forward" not in smol.model.layers[1].self_attn.__dict__
+    inputs = batch(9)
+    got, want = run(phi3, inputs), run(ref, inputs)
+    assert rel_err(got[0], want[0]) <= 1e-5 and rel_err(_flat(got[2]), _flat(want[2])) <= 1e-5
+    for m in (phi3, smol):
+        hf.unpatch(m)
 
 
 def test_a_forward_set_by_someone_else_is_not_overwritten():

@@ -4,9 +4,13 @@
     patch(model)   # {"rmsnorm": 5, "swiglu": 2, "rope": 2, "cross_entropy": 1, "embedding": 1}
 
 ``patch`` binds new forwards on this model's modules (never on their classes, never on
-``torch.nn.functional``), matched by exact class in the families Llama, Mistral, Qwen2 and Qwen3: RMSNorm
-modules (Qwen3's per-head ``q_norm``/``k_norm`` too), SiLU-gated MLPs, the rotary embedding of each attention,
-the token embedding, and the causal-LM loss (the instance's ``loss_function``). Weights, ``state_dict``,
+``torch.nn.functional``), matched by exact class in the families Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2,
+Granite and SmolLM3: RMSNorm modules (Qwen3's per-head ``q_norm``/``k_norm`` and OLMo 2's across all heads too,
+each with its family's cast order), SiLU-gated MLPs (Phi-3's fused ``gate_up_proj`` split in half), the rotary
+embedding of each attention that rotates whole heads (not a NoPE layer of SmolLM3, not a partial rotary
+embedding), the token embedding, and the causal-LM loss (the instance's ``loss_function``). What a family
+computes around them (Granite's multipliers, OLMo 2's norms after attention and MLP) stays in the forwards the
+patch leaves as they are; a module that matches no rule keeps its forward. Weights, ``state_dict``,
 devices and dtypes are untouched; each op runs the pack's function, so the switches and tables decide per call
 site (labelled by the module's qualified name, e.g. ``model.layers.0.input_layernorm``) between a kernel and
 the expression transformers writes. ``unpatch`` restores every forward; patching twice changes nothing.
@@ -20,16 +24,27 @@ from functools import partial
 
 from torch import nn
 
+from . import forwards as _forwards
 from . import rope as _rope
-from .families import Family, UnsupportedModel, families_of, forward_uses
-from .forwards import causal_lm_loss, embedding_forward, mlp_forward, rmsnorm_forward
+from .families import FAMILIES, Family, UnsupportedModel, families_of, forward_uses
+from .forwards import causal_lm_loss, embedding_forward
 from .rope import check_routable
 from .version import SUPPORTED, UnsupportedVersion, check_version
 
 OPS = ("rmsnorm", "swiglu", "rope", "cross_entropy", "embedding")
-_FORWARD = {"rmsnorm": rmsnorm_forward, "swiglu": mlp_forward, "rope": _rope.attention_forward,
-            "embedding": embedding_forward}
+_FORWARD = {"rope": _rope.attention_forward, "embedding": embedding_forward}
 _OP_OF = {f: op for op, f in _FORWARD.items()}
+_OP_OF.update({getattr(_forwards, f.norm): "rmsnorm" for f in FAMILIES.values()})
+_OP_OF.update({getattr(_forwards, f.mlp): "swiglu" for f in FAMILIES.values()})
+
+
+def _forward(op: str, family: Family):
+    """The forward ``patch`` binds for ``op`` on a module of ``family``."""
+    if op == "rmsnorm":
+        return getattr(_forwards, family.norm)
+    if op == "swiglu":
+        return getattr(_forwards, family.mlp)
+    return _FORWARD[op]
 
 
 def patch(model: nn.Module, *, rmsnorm: bool = True, swiglu: bool = True, rope: bool = True,
@@ -56,7 +71,7 @@ def patch(model: nn.Module, *, rmsnorm: bool = True, swiglu: bool = True, rope: 
             _rope.route(family.modeling, module)
             module.forward = _rope.RoutedForward(_FORWARD[op], module)
         else:  # a partial, not a bound method: a patched model pickles and copies (a method pickles by its name)
-            module.forward = partial(_FORWARD[op], module)
+            module.forward = partial(_forward(op, family), module)
     return {op: len(names) for op, names in sites(model).items()}
 
 
@@ -116,18 +131,33 @@ def _candidates(model: nn.Module, family: Family) -> Iterator[tuple[str, str, nn
 
     norm, mlp, attention, base, causal_lm = (family.cls(k) for k in ("RMSNorm", "MLP", "Attention", "Model",
                                                                      "ForCausalLM"))
+    fused = family.mlp == "fused_mlp_forward"
+    act, projections = ("activation_fn", ("gate_up_proj",)) if fused else ("act_fn", ("gate_proj", "up_proj"))
     for name, m in model.named_modules():
         kind = type(m)
         if kind is norm and hasattr(m, "variance_epsilon"):
             yield "rmsnorm", name, m
-        elif kind is mlp and type(getattr(m, "act_fn", None)) in (SiLUActivation, nn.SiLU):
+        elif (kind is mlp and type(getattr(m, act, None)) in (SiLUActivation, nn.SiLU)
+              and all(isinstance(getattr(m, p, None), nn.Linear) for p in projections)):
             yield "swiglu", name, m
-        elif kind is attention:
+        elif kind is attention and _rotates_whole_heads(m):
             yield "rope", name, m
         elif kind is base and _plain_embedding(getattr(m, "embed_tokens", None)):
             yield "embedding", f"{name}.embed_tokens".lstrip("."), m.embed_tokens
         elif kind is causal_lm and ("_loss_function" in m.__dict__ or m.loss_function is ForCausalLMLoss):
             yield "cross_entropy", name, m
+
+
+def _rotates_whole_heads(attention: nn.Module) -> bool:
+    """Whether the attention applies its rotary embedding to the whole head dim: not a NoPE layer (SmolLM3's
+    ``use_rope`` false: no rotary embedding at all), not a partial rotary embedding (``partial_rotary_factor``
+    below 1, which Phi-3's configs may set: it rotates the first dims and passes the rest through)."""
+    if not getattr(attention, "use_rope", True):
+        return False
+    config = attention.config
+    params = getattr(config, "rope_parameters", None) or {}  # transformers 5; 4.57 keeps it on the config
+    factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    return factor is None or float(factor) == 1.0
 
 
 def _plain_embedding(m: nn.Module | None) -> bool:

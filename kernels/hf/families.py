@@ -11,10 +11,15 @@ from torch import nn
 
 @dataclass(frozen=True)
 class Family:
-    """One family: its ``config.model_type`` and the class-name prefix of its modeling module."""
+    """One family: its ``config.model_type``, the class-name prefix of its modeling module, and the forwards
+    (in ``forwards.py``) that compute its RMSNorm and its MLP as its modeling code does."""
 
     model_type: str
     prefix: str
+    norm: str = "rmsnorm_forward"
+    """Llama's cast order (normalised in float32, cast, times the weight); OLMo 2's: ``rmsnorm_float32_forward``."""
+    mlp: str = "mlp_forward"
+    """``gate_proj`` and ``up_proj``; Phi-3's one ``gate_up_proj`` split in half: ``fused_mlp_forward``."""
 
     @property
     def modeling(self) -> ModuleType:
@@ -25,8 +30,13 @@ class Family:
         return getattr(self.modeling, f"{self.prefix}{kind}")
 
 
-FAMILIES = {f.model_type: f for f in (Family("llama", "Llama"), Family("mistral", "Mistral"),
-                                      Family("qwen2", "Qwen2"), Family("qwen3", "Qwen3"))}
+FAMILIES = {f.model_type: f for f in (
+    Family("llama", "Llama"), Family("mistral", "Mistral"), Family("qwen2", "Qwen2"), Family("qwen3", "Qwen3"),
+    Family("phi3", "Phi3", mlp="fused_mlp_forward"),
+    Family("olmo2", "Olmo2", norm="rmsnorm_float32_forward"),  # post-norms, q/k norms across all heads
+    Family("granite", "Granite"),  # its multipliers live in the forwards the patch leaves as they are
+    Family("smollm3", "SmolLM3"),  # NoPE layers: their attention calls no rotary embedding and is not patched
+)}
 
 
 def forward_uses(cls: type, name: str) -> bool:

@@ -5,11 +5,15 @@ The work is split into tasks of ``block`` elements: small blocks balance the thr
 large ones keep each thread streaming; ``threads=1`` skips the parallel launch.
 The formulas are PyTorch's (``x / (1 + exp(-x))`` and its derivative ``s * (1 + x * (1 - s))``), so inf and
 nan land where they land in PyTorch.
+
+Gate and up may also be rows with a stride (the last dim contiguous, the leading dims collapsing into one row
+axis): the two halves of one ``gate_up`` projection (Phi-3's fused MLP), read in place, a row per task.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
@@ -17,6 +21,7 @@ from .._cpu import (
     ELEMENTWISE,
     FLOATS,
     array,
+    as_rows,
     cast_to,
     empty_like,
     exp32,
@@ -25,6 +30,7 @@ from .._cpu import (
     launch,
     max_threads,
     require,
+    rows_view,
     thread_choices,
 )
 from .op import SWIGLU, fake
@@ -54,15 +60,43 @@ def _backward_body(dy, g, u, block, dg, du):
             dgb[i] = cast_to(dgb, gy * f32(ub[i]) * (s * (np.float32(1.0) + x * (np.float32(1.0) - s))))
 
 
+def _forward_rows_body(g, u, out):
+    """The forward on [rows, dim] arrays of any row stride, a row per task."""
+    for r in prange(g.shape[0]):
+        gb, ub, ob = g[r], u[r], out[r]
+        for i in range(g.shape[1]):
+            x = f32(gb[i])
+            ob[i] = cast_to(ob, x / (np.float32(1.0) + exp32(-x)) * f32(ub[i]))
+
+
+def _backward_rows_body(dy, g, u, dg, du):
+    for r in prange(g.shape[0]):
+        yb, gb, ub, dgb, dub = dy[r], g[r], u[r], dg[r], du[r]
+        for i in range(g.shape[1]):
+            x, gy = f32(gb[i]), f32(yb[i])
+            s = np.float32(1.0) / (np.float32(1.0) + exp32(-x))
+            dub[i] = cast_to(dub, gy * (x * s))
+            dgb[i] = cast_to(dgb, gy * f32(ub[i]) * (s * (np.float32(1.0) + x * (np.float32(1.0) - s))))
+
+
 _forward = kernel(_forward_body, ELEMENTWISE)
 _backward = kernel(_backward_body, ELEMENTWISE)
+_forward_rows = kernel(_forward_rows_body, ELEMENTWISE)
+_backward_rows = kernel(_backward_rows_body, ELEMENTWISE)
+
+
+def _flat(*tensors: torch.Tensor) -> bool:
+    return all(t.is_contiguous() for t in tensors)
 
 
 def forward(tensors, attrs, config):
     g, u = tensors
     out = empty_like(g)
-    launch(_forward, config["threads"], array(g).reshape(-1), array(u).reshape(-1), config["block"],
-           array(out).reshape(-1))
+    if _flat(g, u):
+        launch(_forward, config["threads"], array(g).reshape(-1), array(u).reshape(-1), config["block"],
+               array(out).reshape(-1))
+    else:
+        launch(_forward_rows, config["threads"], as_rows(g), as_rows(u), as_rows(out))
     return (out,)
 
 
@@ -70,8 +104,11 @@ def backward(grads, tensors, results, attrs, config, needs):
     (dy,), (g, u) = grads, tensors
     u = g if u is None else u  # only du (which reads g) is needed: dg is computed and dropped
     dg, du = empty_like(g), empty_like(g)
-    launch(_backward, config["threads"], array(dy).reshape(-1), array(g).reshape(-1), array(u).reshape(-1),
-           config["block"], array(dg).reshape(-1), array(du).reshape(-1))
+    if _flat(dy, g, u):
+        launch(_backward, config["threads"], array(dy).reshape(-1), array(g).reshape(-1), array(u).reshape(-1),
+               config["block"], array(dg).reshape(-1), array(du).reshape(-1))
+    else:
+        launch(_backward_rows, config["threads"], as_rows(dy), as_rows(g), as_rows(u), as_rows(dg), as_rows(du))
     return dg, du
 
 
@@ -79,7 +116,12 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     g, u = specs
     if g.shape != u.shape:
         return f"shapes {list(g.shape)} and {list(u.shape)} (no broadcasting)"
-    return require(specs, {0: FLOATS, 1: FLOATS})
+    why = require(specs, {0: FLOATS, 1: FLOATS}, contiguous=False)
+    if why or (g.is_contiguous and u.is_contiguous):
+        return why
+    if not all(s.shape and s.layout[-1] == 1 and rows_view(s.shape, s.strides) for s in specs):
+        return "a layout whose rows are not contiguous or do not collapse into one row axis without a copy"
+    return None
 
 
 def constraint(config: dict, key: Key) -> bool:
