@@ -29,12 +29,15 @@ CONFIG = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_
 
 
 class Tokens(torch.utils.data.Dataset):
-    """Random token rows of random length, right-padded: ``input_ids``, ``attention_mask`` and ``labels`` (-100 on
-    the padding), the same rows for the same seed."""
+    """Token rows of a learnable sequence (next token = previous + 7) from a random start, of random length and
+    right-padded: ``input_ids``, ``attention_mask`` and ``labels`` (-100 on the padding); the same rows for the
+    same seed."""
 
     def __init__(self, rows: int, seed: int = 0) -> None:
         g = torch.Generator().manual_seed(seed)
-        self.ids = torch.randint(1, CONFIG["vocab_size"], (rows, SEQ), generator=g)
+        vocab = CONFIG["vocab_size"]
+        start = torch.randint(1, vocab, (rows, 1), generator=g)
+        self.ids = 1 + (start + 7 * torch.arange(SEQ)) % (vocab - 1)
         lengths = torch.randint(SEQ // 2, SEQ + 1, (rows, 1), generator=g)
         self.mask = (torch.arange(SEQ) < lengths).long()
         self.ids = self.ids.masked_fill(self.mask == 0, CONFIG["pad_token_id"])
@@ -70,7 +73,7 @@ def train(steps: int = 8, patched: bool = True, compile: bool = True, seed: int 
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(
             output_dir=out, max_steps=steps, per_device_train_batch_size=BATCH,
-            gradient_accumulation_steps=accumulate, torch_compile=True if compile else False, learning_rate=3e-3,
+            gradient_accumulation_steps=accumulate, torch_compile=True if compile else False, learning_rate=1e-2,
             lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, logging_steps=steps, report_to=[],
             save_strategy="no", use_cpu=True, seed=seed, data_seed=seed, dataloader_num_workers=0,
             disable_tqdm=True)
