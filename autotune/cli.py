@@ -39,6 +39,14 @@ class UsageError(Exception):
     """Bad usage or bad input: exit code 2."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Stopped by a signal (Ctrl-C's SIGINT, or SIGTERM from a scheduler): exit code 128 + its number."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+
 def _writable(path: str, option: str) -> None:
     """Refuse an output path that cannot be a file before any work is done."""
     why = unwritable(path)
@@ -218,7 +226,7 @@ def cmd_list(args, console: Console) -> int:
         if not op.impls:
             t.add_row(op.name, "-", "-", "-", "-")
         for impl in op.impls.values():
-            space = "; ".join(f"{k}: {list(v)}" for k, v in impl.space.items())
+            space = "; ".join(f"{k}: {list(v)}" for k, v in impl.space.items()) or "(no parameters)"
             t.add_row(op.name, impl.name, impl.backend, space, ", ".join(f"{k}={v}" for k, v in impl.default.items()))
     console.print(t)
     b = RichTable(title="backends")
@@ -228,6 +236,16 @@ def cmd_list(args, console: Console) -> int:
         why = be.why_unavailable()
         b.add_row(name, "[green]available[/]" if why is None else f"[yellow]unavailable[/]: {why}")
     console.print(b)
+    from ..kernels import nkilib
+
+    if nkilib.WHY_NOT is None:
+        names = ", ".join(i.qualname for op in registry.ops().values() for i in op.impls.values()
+                          if i.module.startswith(nkilib.__name__ + "."))
+        console.print(f"NKI Library (nkilib, {nkilib.origin()}): {names}")
+        for module, why in nkilib.MISSING.items():
+            console.print(f"NKI Library: [yellow]no impl from kernels/nkilib/{module}.py[/]: {why}")
+    else:
+        console.print(f"NKI Library: [yellow]no impls[/]: {nkilib.WHY_NOT}")
     s = RichTable(title="switches (read at import)")
     s.add_column("variable")
     s.add_column("value")
@@ -305,6 +323,8 @@ def _record_run(command: list[str], out: Path, args, registry, console: Console)
             rc = subprocess.run(command, env=env).returncode
         except OSError as e:  # no such program, not executable
             raise UsageError(f"cannot run {command[0]!r}: {e.strerror or e}{kept}") from None
+        if -rc in (signal.SIGINT, signal.SIGTERM):  # the same Ctrl-C or SIGTERM reached the command first
+            raise Interrupted(-rc)
         ranks = sorted(out.parent.glob(f"{out.stem}.rank*{out.suffix}"))
         written = ([out] if out.exists() else []) + ranks
         if rc != 0 or not written:
@@ -338,15 +358,22 @@ def _record_run(command: list[str], out: Path, args, registry, console: Console)
 
 
 def _on_sigterm() -> Callable[[], None]:
-    """Until the returned function is called, SIGTERM unwinds like Ctrl-C (so ``finally`` blocks run)."""
+    """Until the returned function is called, SIGINT and SIGTERM unwind as ``Interrupted`` (so ``finally`` blocks
+    run), even where SIGINT was ignored when this process started (a job started in the background by a shell
+    that has no job control)."""
     def stop(signum, frame):
-        raise KeyboardInterrupt
+        raise Interrupted(signum)
 
     try:
-        previous = signal.signal(signal.SIGTERM, stop)
+        previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:  # not the main thread: leave signals alone
         return lambda: None
-    return lambda: signal.signal(signal.SIGTERM, previous)
+
+    def restore() -> None:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+    return restore
 
 
 # -- check ------------------------------------------------------------------------------------------------------
@@ -354,7 +381,9 @@ def _on_sigterm() -> Callable[[], None]:
 
 def cmd_check(args, console: Console) -> int:
     registry = _heavy(args.imports)
-    from .check import check_all
+    from .check import check_all, isolated
+    from .measure import MeasureOptions
+    from .worker import Worker, default_memory_limit
 
     names = tuple(o.strip() for o in args.ops.split(",")) if args.ops else None
     if names:
@@ -362,7 +391,13 @@ def cmd_check(args, console: Console) -> int:
         if unknown:
             raise UsageError(f"--ops names unknown op(s) {', '.join(unknown)}; "
                              f"known: {', '.join(sorted(registry.ops()))}")
-    rows = check_all(names, seed=args.seed)
+    memory = int(args.memory * 2**30) if args.memory else default_memory_limit()
+    worker = Worker("cpu", MeasureOptions(seed=args.seed), args.imports, memory, limits=("--timeout", "--memory"))
+    try:
+        rows = check_all(names, seed=args.seed, run=isolated(worker, args.timeout),
+                         listener=lambda r: r.died and console.print(f"[red]{r.impl}[/]: {r.error}"))
+    finally:
+        worker.close(wait_s=0)
     t = RichTable(title="numerics against the float64 reference")
     for col in ("impl", "run", "inputs", "mode", "error", "tolerance", "result"):
         t.add_column(col, overflow="fold")
@@ -586,6 +621,10 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="numerics of every impl against the float64 reference")
     c.add_argument("--ops", default=None)
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--timeout", type=_positive, default=300.0,
+                   help="seconds one impl may take on one example (as run's --trial-timeout); a hung impl is killed")
+    c.add_argument("--memory", type=_positive, default=None,
+                   help="GiB the worker may use (as run's --trial-memory; default: 80%% of the machine's memory)")
     _imports(c)
     c.set_defaults(fn=cmd_check)
 
@@ -615,15 +654,28 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+UNWRAPPED = 10_000
+"""The width of output that is not a terminal: no table is that wide, so none folds a cell."""
+
+
+def _console() -> Console:
+    """A terminal's width where stdout is a terminal. Elsewhere (logs, CI, a pipe) nothing is wrapped: messages and
+    paths stay whole on their lines, and tables take the width they need, whether or not the environment asks for
+    colours (``FORCE_COLOR``, ``TTY_COMPATIBLE``, which make rich take a pipe for an 80-column terminal)."""
+    try:
+        tty = sys.stdout.isatty()
+    except (AttributeError, ValueError):  # replaced, or closed
+        tty = False
+    return Console(highlight=False) if tty else Console(highlight=False, width=UNWRAPPED, soft_wrap=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     if getattr(args, "fn", None) is None:
         p.print_help()
         return 2
-    console = Console(highlight=False)
-    if not console.is_terminal:  # logs and CI: wide enough that tables do not fold
-        console = Console(highlight=False, width=180)
+    console = _console()
 
     def err(msg: str) -> None:
         print(f"nki-autotune {args.cmd}: {msg}", file=sys.stderr)
@@ -632,10 +684,10 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, FormatError, SettingsError) as e:
         err(f"error: {e}")
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         err("interrupted" + ("; finished trials are kept in storage, and the table is written only once every key "
                              "is complete: run the same command again to resume" if args.cmd == "run" else ""))
-        return 130
+        return 128 + (e.signum if isinstance(e, Interrupted) else signal.SIGINT)
     except Exception as e:
         err(f"failed: {type(e).__name__}: {e}")
         return 1

@@ -87,7 +87,7 @@ def numerics(backend: Backend, names: tuple[str, ...] | None, seed: int) -> list
 
 def _first_key(impl: Impl) -> Key | None:
     op = impl.op
-    for inputs, extra in op.examples:
+    for inputs, extra in impl.all_examples:
         key = example_key(op, inputs, extra, "inference")
         if impl.supports(key.inputs, key.attr_dict) is None and impl.configs(key):
             return key

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..registry import Key
+from .check import check_one
 from .measure import LocalBench, MeasureOptions, machine_lock
 from .search import TrialResult
 
@@ -56,13 +57,14 @@ def _serve(conn, backend: str, options: MeasureOptions, imports: list[str]) -> N
             yield
 
     bench = LocalBench(get_backend(backend), options, lock=lock, say=lambda message: conn.send(("note", message)))
+    requests = {"check": check_one, "ready": lambda: True}  # check's; the rest are LocalBench's
     while True:
         try:
             kind, args = conn.recv()
         except (EOFError, OSError):  # the tuner closed the pipe, or is gone
             return
         try:
-            reply = ("ok", getattr(bench, kind)(*args))
+            reply = ("ok", (requests.get(kind) or getattr(bench, kind))(*args))
         except Exception as e:
             reply = ("error", f"{type(e).__name__}: {str(e)[:300]}")
         try:
@@ -98,9 +100,12 @@ class Worker:
     """One worker process, started on demand and restarted after it dies."""
 
     def __init__(self, backend: str, options: MeasureOptions, imports: list[str] | None = None,
-                 memory_limit: int | None = None, say: Callable[[str], None] = lambda message: None):
+                 memory_limit: int | None = None, say: Callable[[str], None] = lambda message: None,
+                 limits: tuple[str, str] = ("--trial-timeout", "--trial-memory")):
         self.backend, self.options, self.imports = backend, options, list(imports or ())
         self.memory_limit, self.say = memory_limit, say
+        self.limits = limits
+        """The command's options that set the time and the memory limit, named in the failures."""
         self._proc = self._conn = None
         self.starts = 0
 
@@ -123,6 +128,11 @@ class Worker:
                 self._proc.kill()
             self._proc.join(5)
         self._proc = self._conn = None
+
+    def ready(self, timeout: float = 600.0) -> None:
+        """Started and past its imports (they are not a request's time: ``call`` counts from its request)."""
+        if not self.alive:
+            self.call("ready", (), timeout)
 
     def call(self, kind: str, args: tuple, timeout: float) -> Any:
         if not self.alive:
@@ -161,10 +171,10 @@ class Worker:
             if self.memory_limit is not None and rss is not None and rss > self.memory_limit:
                 self._kill()
                 raise WorkerFailure(f"exhausted memory: the worker used {rss / 2**30:.1f} GiB, above the limit of "
-                                    f"{self.memory_limit / 2**30:.1f} GiB (--trial-memory)")
+                                    f"{self.memory_limit / 2**30:.1f} GiB ({self.limits[1]})")
             if waiting is None and time.monotonic() > deadline:
                 self._kill()
-                raise WorkerFailure(f"timed out after {timeout:.0f} s (--trial-timeout); the worker was killed")
+                raise WorkerFailure(f"timed out after {timeout:.0f} s ({self.limits[0]}); the worker was killed")
 
     def close(self, wait_s: float = 10.0) -> None:
         """Ask the worker to finish (it returns when its end of the pipe closes), give it ``wait_s`` to end its

@@ -27,7 +27,7 @@ def test_eager_dispatch_overhead(benchmark, path):
         exp = explain("rmsnorm", x, w)
         assert exp.impl == "cpu_rows"
         cfg = tuple(exp.config.values())
-        fn = (lambda: nk.rmsnorm(x, w)) if path == "nk.rmsnorm" else (lambda: IMPL.fwd_op(x, w, 1e-6, *cfg)[0])
+        fn = (lambda: nk.rmsnorm(x, w)) if path == "nk.rmsnorm" else (lambda: IMPL.fwd_op(x, w, 1e-6, 0.0, *cfg)[0])
         torch.testing.assert_close(fn(), OP.reference(x, w, 1e-6))
         benchmark.pedantic(fn, rounds=2000, warmup_rounds=100, iterations=1)
 

@@ -27,16 +27,23 @@ if __name__ == "kernels":
         _spec.loader.exec_module(_module)
 else:
     from ..registry.switches import check_switches, current
+    from .attention import attention
     from .cross_entropy import cross_entropy
     from .embedding import embedding
+    from .geglu import geglu
+    from .linear_cross_entropy import linear_cross_entropy
     from .rmsnorm import rmsnorm
     from .rope import rope
     from .segment_sum import segment_sum
     from .softmax import softmax
     from .swiglu import swiglu
 
+    # AWS's NKI Library as impls where nkilib imports, after the pack's own (an op's first impl is its default)
+    __import__(f"{__name__}.nkilib")
+
     # Switch names and tables are checked now, in eager mode, before any compiled call.
     check_switches(registered_only=True)  # a user's module may register more ops after the pack
     current()
 
-__all__ = ["cross_entropy", "embedding", "rmsnorm", "rope", "segment_sum", "softmax", "swiglu"]
+__all__ = ["attention", "cross_entropy", "embedding", "geglu", "linear_cross_entropy", "rmsnorm", "rope",
+           "segment_sum", "softmax", "swiglu"]

@@ -15,6 +15,7 @@ a product that PyTorch's separate multiply rounds to inf). Division by zero give
 from __future__ import annotations
 
 import hashlib
+import inspect
 import math
 import types
 from collections.abc import Callable
@@ -44,17 +45,26 @@ _HELPERS = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:10]
 before a change of these helpers would otherwise keep running the old ones."""
 
 
-def kernel(fn: Callable, fastmath: set[str] = FASTMATH) -> tuple[Callable, Callable]:
+def kernel(fn: Callable, fastmath: set[str] = FASTMATH, bind: dict[str, Callable] | None = None
+           ) -> tuple[Callable, Callable]:
     """A serial and a parallel build of one kernel body (``prange`` is ``range`` in the serial one).
 
-    One thread skips the parallel launch, which costs more than small inputs take.
+    One thread skips the parallel launch, which costs more than small inputs take. ``bind`` replaces global names
+    of the body by other numba functions: one loop shared by kernels that differ in an element-wise function
+    (SwiGLU's and GeGLU's activations).
     """
     opts = dict(cache=True, nogil=True, **{**_OPTS, "fastmath": fastmath})
+    env, tag = fn.__globals__, _HELPERS
+    if bind:
+        env = {**fn.__globals__, **bind}
+        files = sorted({inspect.getfile(getattr(f, "py_func", f)) for f in bind.values()})
+        # numba's cache checks only the body's file: the bound functions' files name the build too
+        tag += "_" + hashlib.sha256(b"".join(Path(f).read_bytes() for f in files)).hexdigest()[:10]
 
     def build(suffix: str, **extra) -> Callable:
         # numba's on-disk cache is keyed by qualified name: each build, and each version of the helpers, its own
-        f = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + suffix, fn.__defaults__)
-        f.__qualname__ = f"{fn.__qualname__}{suffix}_{_HELPERS}"
+        f = types.FunctionType(fn.__code__, env, fn.__name__ + suffix, fn.__defaults__)
+        f.__qualname__ = f"{fn.__qualname__}{suffix}_{tag}"
         return numba.njit(**opts, **extra)(f)
 
     return build("_serial"), build("", parallel=True)
@@ -192,6 +202,23 @@ def exp32(x):
     e = np.float32(0.0) if x < _LO else e
     e = np.float32(np.inf) if x > _HI else e
     return x if x != x else e
+
+
+@inline
+def tanh32(x):
+    """float32 tanh that LLVM can vectorise (Cephes tanhf: an odd polynomial below |x| = 0.625, above it
+    ``1 - 2 / (exp(2|x|) + 1)`` through ``exp32``); within about 2 ulps, ±1 where the rounded result is, ±1 at
+    ±inf, nan at nan."""
+    s = x * x
+    p = fma32(np.float32(-5.70498872745e-3), s, np.float32(2.06390887954e-2))  # fused: |x| < 0.625 here
+    p = fma32(p, s, np.float32(-5.37397155531e-2))
+    p = fma32(p, s, np.float32(1.33314422036e-1))
+    p = fma32(p, s, np.float32(-3.33332819422e-1))
+    small = fma32(p * s, x, x)
+    ax = abs(x)
+    big = np.float32(1.0) - np.float32(2.0) / (exp32(ax + ax) + np.float32(1.0))
+    big = big if x >= np.float32(0.0) else -big
+    return small if ax < np.float32(0.625) else big
 
 
 PART = 512

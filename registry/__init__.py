@@ -21,6 +21,7 @@ _TORCH_SIDE = {
     "check_switches": "switches", "reload_settings": "switches", "scope": "switches", "settings": "switches",
     "tables": "switches",
     "Impl": "op", "Op": "op", "get_op": "op", "ops": "op", "register_impl": "op", "register_op": "op",
+    "unregister_impl": "op",
     "Recorder": "recorder", "record": "recorder",
 }
 
@@ -41,5 +42,5 @@ __all__ = [
     "ProfileError", "Recorder", "Settings", "SettingsError", "Site", "TRAINING", "Table", "TableError", "TensorSpec",
     "backends", "call", "check_switches", "default_backend", "explain", "get_backend", "get_op", "integer",
     "load_profile", "load_table", "ops", "record", "register_backend", "register_impl", "register_op",
-    "reload_settings", "scope", "settings", "switch_variables", "tables",
+    "reload_settings", "scope", "settings", "switch_variables", "tables", "unregister_impl",
 ]

@@ -249,6 +249,10 @@ def build(impl: Impl) -> None:
                                if i not in keep and t is not None)
             ctx.keep = keep
             ctx.rest = inputs[nt:nt + na + nc]
+            # No zeros for the gradients of outputs nobody differentiated: autograd would otherwise fill one of
+            # each saved extra's shape every backward (a fused loss's saved weight gradient: the weight's size)
+            ctx.set_materialize_grads(False)
+            ctx.outs = tuple((r.shape, r.dtype, r.device) for r in results[:n_out])
             plain = [r for r, src in zip(results, sources) if not any(ctx.needs_input_grad[i] for i in src)]
             if plain or n_res > n_out:  # one call: a second would replace the first's list
                 ctx.mark_non_differentiable(*plain, *results[n_out:])
@@ -263,7 +267,9 @@ def build(impl: Impl) -> None:
                 full[i] = t
             for i, shape, dtype, device in ctx.absent:
                 full[i] = stand_in(shape, dtype, device)
-            grads = grads[:n_out] if impl.backward_fake is not None else tuple(g.contiguous() for g in grads[:n_out])
+            grads = tuple(torch.zeros(shape, dtype=dtype, device=device) if g is None else g
+                          for g, (shape, dtype, device) in zip(grads[:n_out], ctx.outs))
+            grads = grads if impl.backward_fake is not None else tuple(g.contiguous() for g in grads)
             out = bwd(*grads, *full, *ctx.rest, mask_of(ctx.needs))
             out = out if isinstance(out, tuple) else (out,)
             result: list[Any] = [None] * n_args

@@ -104,6 +104,9 @@ class Impl:
     backward_params: tuple[str, ...] = ()
     """Config params that only change the backward: fixed to their default for inference."""
     saved: int = 0
+    examples: tuple[tuple[tuple[tuple[tuple[int, ...], str] | None, ...], dict[str, Any]], ...] = ()
+    """Example inputs of the form of ``Op.examples`` that ``nki-autotune check`` (and ``selftest``) runs this impl on
+    besides its op's: the shapes a kernel with layout rules of its own takes (``Impl.all_examples``)."""
     forward_needs: bool = False
     """The forward is told which gradients the call needs: ``needs``, one bool per ``op.differentiable``, from the
     call's key (``Key.needs``). A kernel that computes gradients in its forward pass (a fused loss) does that work
@@ -139,6 +142,11 @@ class Impl:
         for p, v in self.default.items():
             if v not in self.space[p]:
                 raise ValueError(f"impl {self.qualname}: default {p}={v} is not in its space {self.space[p]}")
+
+    @property
+    def all_examples(self) -> tuple:
+        """Its op's examples, then its own."""
+        return (*self.op.examples, *self.examples)
 
     @property
     def qualname(self) -> str:
@@ -239,17 +247,29 @@ def register_op(op: Op) -> Op:
 
 
 def register_impl(impl: Impl) -> Impl:
-    """Add ``impl`` to its op and register its custom operators."""
+    """Add ``impl`` to its op and register its custom operators (once: an impl taken out by ``unregister_impl`` comes
+    back with the operators it had)."""
     global _registered
     op = impl.op
     if impl.name in op.impls:
         raise ValueError(f"impl {impl.qualname} is already registered")
     if impl.name in ("auto", "on", "off"):
         raise ValueError(f"impl name {impl.name!r} is reserved for switch values")
-    build(impl)
+    if impl.fwd_op is None:
+        build(impl)
     op.impls[impl.name] = impl
     _registered += 1
     return impl
+
+
+def unregister_impl(impl: Impl) -> None:
+    """Take ``impl`` out of its op: dispatch, the tuner, ``list`` and ``check`` no longer see it (its custom operators
+    stay defined in torch, which cannot drop them, for ``register_impl`` to use again). Nothing where it is not
+    registered."""
+    global _registered
+    if impl.op.impls.get(impl.name) is impl:
+        del impl.op.impls[impl.name]
+        _registered += 1  # a change of the registry: the switches in force are rebuilt, as after a registration
 
 
 def ops() -> dict[str, Op]:

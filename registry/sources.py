@@ -1,7 +1,8 @@
 """Source hashes of kernels, computed from the files alone (no import, no torch).
 
 An impl's source is its module and every module of the same package family that it imports, transitively
-(a kernel's shared helpers, its op's reference): a change to any of them retunes the kernel. Reading imports
+(a kernel's shared helpers, its op's reference), and the modules it imports of the packages it names in
+``SOURCE_FAMILIES`` (the library kernels it wraps): a change to any of them retunes the kernel. Reading imports
 from the syntax tree rather than from loaded modules lets ``nki-autotune show`` tell a stale table entry
 without importing torch, numba or the kernels themselves.
 """
@@ -50,9 +51,25 @@ def family(module: str) -> str:
 
 
 @cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
+def declared_families(path: Path) -> tuple[str, ...]:
+    """The package families a module's ``SOURCE_FAMILIES = ("pkg", ...)`` names: a module wrapping another
+    package's kernels (``kernels/nkilib``: AWS's NKI Library) counts the modules of those packages it imports as its
+    source too, so a new release of them retunes it."""
+    for node in _tree(path).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SOURCE_FAMILIES"
+                                                for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    return ()
+
+
+@cache
 def _imports(module: str, path: Path) -> frozenset[str]:
     """Absolute names of the modules ``module``'s file imports (relative imports resolved)."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _tree(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out: set[str] = set()
     for node in ast.walk(tree):
@@ -71,8 +88,10 @@ def _imports(module: str, path: Path) -> frozenset[str]:
 
 
 def source_modules(module: str) -> list[str]:
-    """``module`` and the modules of its family it imports, transitively, sorted."""
-    fam = family(module)
+    """``module`` and the modules of its family (and of the families it declares, ``declared_families``) it imports,
+    transitively, sorted. A module of a declared family that cannot be found here is left out."""
+    root = module_file(module)
+    fams = (family(module), *(declared_families(root) if root is not None else ()))
     seen: set[str] = set()
     stack = [module]
     while stack:
@@ -83,7 +102,8 @@ def source_modules(module: str) -> list[str]:
         if path is None or path.name == "__init__.py" and name != module:
             continue  # names that are not modules, and package inits (they only re-export)
         seen.add(name)
-        stack.extend(m for m in _imports(name, path) if (m == fam or m.startswith(fam + ".")) and m not in seen)
+        stack.extend(m for m in _imports(name, path)
+                     if any(m == f or m.startswith(f + ".") for f in fams) and m not in seen)
     return sorted(seen)
 
 

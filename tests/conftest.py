@@ -20,6 +20,11 @@ import torch  # noqa: E402
 import nki_autotune.kernels  # noqa: E402, F401
 from nki_autotune.registry import Entry, Key, Table, get_backend, reload_settings  # noqa: E402
 
+if os.environ.get("NKI_TESTS_NEURON") == "standin":  # the suite as a Trainium host runs it (tests/README.md)
+    from .torchneuron_standin import make_available
+
+    make_available(pytest.MonkeyPatch())
+
 
 @pytest.fixture
 def switches(monkeypatch):
@@ -36,6 +41,16 @@ def switches(monkeypatch):
     for var in [v for v in os.environ if v.startswith("NKI_AUTOTUNE_")]:
         monkeypatch.delenv(var)
     reload_settings({})
+
+
+@pytest.fixture
+def lnc(monkeypatch):
+    """``lnc(n)``: NKI launches run at LNC=n (``NEURON_LOGICAL_NC_CONFIG``) for the rest of the test."""
+
+    def set_degree(n: int) -> None:
+        monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", str(n))
+
+    return set_degree
 
 
 @pytest.fixture

@@ -260,8 +260,8 @@ def test_messages_name_an_entry_by_its_index_in_the_file_when_earlier_entries_ar
 
 
 @pytest.mark.parametrize("args, kwargs, message", [
-    ((1e-3, "junk"), {}, "rmsnorm takes 3 arguments (x, weight, eps), got 4"),
-    ((), {"epsilon": 1e-3}, "rmsnorm has no argument 'epsilon'; it takes x, weight, eps"),
+    ((1e-3, 1.0, "junk"), {}, "rmsnorm takes 4 arguments (x, weight, eps, offset), got 5"),
+    ((), {"epsilon": 1e-3}, "rmsnorm has no argument 'epsilon'; it takes x, weight, eps, offset"),
     ((1e-3,), {"eps": 1e-5}, "eps given twice"),
 ])
 def test_explain_refuses_arguments_the_op_does_not_take(args, kwargs, message):

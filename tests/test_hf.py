@@ -39,10 +39,10 @@ FAMILIES = {  # config class, model class, what the family adds to the tiny conf
 }
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=96, max_position_embeddings=64, pad_token_id=0, tie_word_embeddings=False)
-SITES = {"llama": {"rmsnorm": 5, "swiglu": 2, "rope": 2, "cross_entropy": 1, "embedding": 1},
-         "qwen3": {"rmsnorm": 9, "swiglu": 2, "rope": 2, "cross_entropy": 1, "embedding": 1},
-         "olmo2": {"rmsnorm": 9, "swiglu": 2, "rope": 2, "cross_entropy": 1, "embedding": 1},
-         "smollm3": {"rmsnorm": 5, "swiglu": 2, "rope": 1, "cross_entropy": 1, "embedding": 1}}
+SITES = {"llama": {"rmsnorm": 5, "swiglu": 2, "rope": 2, "attention": 2, "cross_entropy": 1, "embedding": 1},
+         "qwen3": {"rmsnorm": 9, "swiglu": 2, "rope": 2, "attention": 2, "cross_entropy": 1, "embedding": 1},
+         "olmo2": {"rmsnorm": 9, "swiglu": 2, "rope": 2, "attention": 2, "cross_entropy": 1, "embedding": 1},
+         "smollm3": {"rmsnorm": 5, "swiglu": 2, "rope": 1, "attention": 2, "cross_entropy": 1, "embedding": 1}}
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
@@ -212,7 +212,7 @@ def test_unpatch_restores_the_forwards_and_the_rotary_function(switches):
 
     switches(NKI_AUTOTUNE_KERNELS="on")
     gc.collect()  # models other tests patched and dropped count as unpatched
-    original = modeling.apply_rotary_pos_emb
+    original, interface = modeling.apply_rotary_pos_emb, modeling.ALL_ATTENTION_FUNCTIONS
     assert original.__module__ == modeling.__name__ and not hasattr(original, "__wrapped__")
     ref, model, other = build("llama"), build("llama"), build("llama")
     before = {n: p for n, p in model.named_parameters()}
@@ -228,7 +228,7 @@ def test_unpatch_restores_the_forwards_and_the_rotary_function(switches):
     hf.unpatch(model)
     assert modeling.apply_rotary_pos_emb is not original  # `other` is still patched
     hf.unpatch(other)
-    assert modeling.apply_rotary_pos_emb is original
+    assert modeling.apply_rotary_pos_emb is original and modeling.ALL_ATTENTION_FUNCTIONS is interface
     dropped = build("llama")
     hf.patch(dropped)
     assert modeling.apply_rotary_pos_emb is not original
@@ -307,17 +307,18 @@ def test_the_halves_of_a_fused_gate_up_projection_run_the_kernel_in_place(dtype,
     assert rel_err(y, want_y) <= tol and rel_err(dx, want_dx) <= tol
 
 
-def test_attention_without_a_whole_head_rotary_embedding_keeps_its_forward(switches):
+def test_a_partial_or_absent_rotary_embedding_is_left_as_transformers_writes_it(switches):
     """Phi-3 with a partial rotary embedding (the first half of each head rotated) and SmolLM3's NoPE layer:
-    their attention computes what transformers writes, and ``patch`` does not count it."""
+    their rotary embedding (or its absence) is what transformers writes, and ``patch`` does not count it."""
     switches(NKI_AUTOTUNE_KERNELS="on")
     phi3 = build("phi3", partial_rotary_factor=0.5)
     ref = copy.deepcopy(phi3)
-    assert hf.patch(phi3)["rope"] == 0
+    counts = hf.patch(phi3)
+    assert counts["rope"] == 0 and counts["attention"] == 2  # its attention function is still the pack's
     smol = build("smollm3")
     hf.patch(smol)
     assert hf.sites(smol)["rope"] == ["model.layers.0.self_attn"]
-    assert "forward" not in smol.model.layers[1].self_attn.__dict__
+    assert hf.sites(smol)["attention"] == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
     inputs = batch(9)
     got, want = run(phi3, inputs), run(ref, inputs)
     assert rel_err(got[0], want[0]) <= 1e-5 and rel_err(_flat(got[2]), _flat(want[2])) <= 1e-5
@@ -421,7 +422,8 @@ def test_recording_under_gradient_checkpointing_counts_the_recomputation_and_kee
     model = build("llama")
     hf.patch(model, cross_entropy=False)
     model.train()
-    model.gradient_checkpointing_enable()
+    # non-reentrant, as the docstring says: transformers 5's default (4.57's is reentrant)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     with record(tmp_path / "p.yaml"):
         for step in range(3):
             inputs = batch(step)

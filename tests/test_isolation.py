@@ -41,3 +41,22 @@ def test_bad_impls_fail_with_their_reasons_and_the_run_goes_on(tmp_path):
     assert any("exhausted memory" in e or "MemoryError" in e or "SIGKILL" in e for e in errors["cpu_hog"]), errors
     assert not any("worker" in e or "numerics" in e for e in errors["cpu_good"]), errors  # measured, maybe slower
     assert "no config of" not in entry.reason or "cpu_good" in entry.reason
+
+
+@pytest.mark.timeout(600)  # a worker started three times (twice after a death), and one example waits for its limit
+def test_check_isolates_each_impl_and_checks_every_other(tmp_path):
+    """``check`` runs each impl in the worker ``run`` uses: a crash, a hang past ``--timeout`` and wrong values are
+    each that impl's failed row with the reason; every other impl is still checked; exit 1."""
+    r = cli("check", "--import", "badrmsnorm", "--ops", "rmsnorm", "--timeout", "10", env={"PYTHONPATH": str(DATA)})
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    lines = r.stdout.splitlines()
+
+    def rows(impl: str) -> list[str]:
+        return [line for line in lines if f"rmsnorm.{impl} " in line]
+
+    assert any("FAIL" in line and "killed by signal SIGSEGV" in line for line in rows("cpu_segfault")), r.stdout
+    assert any("FAIL" in line and "timed out after 10 s (--timeout)" in line for line in rows("cpu_hang")), r.stdout
+    assert rows("cpu_wrong") and all("FAIL" in line for line in rows("cpu_wrong")), r.stdout
+    for good in ("cpu_rows", "nki_tiled"):
+        assert rows(good) and all("pass" in line for line in rows(good)), r.stdout
+    assert " 0 failed" not in r.stdout

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import ml_dtypes
@@ -50,14 +51,14 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def lib():
-    """``nkilib`` imported through the interpreter; sys.modules is restored afterwards."""
+@contextmanager
+def on_path():
+    """The copy on ``sys.path`` and the interpreter installed as ``nki`` (which it gives); sys.path and the ``nki`` and
+    ``nkilib`` modules of sys.modules are restored afterwards."""
     before = dict(sys.modules)
     sys.path.insert(0, str(_root()))
     try:
-        nki = install()
-        yield lambda name: importlib.import_module(f"nkilib.{name}"), nki
+        yield install()
     finally:
         sys.path.remove(str(_root()))
         for name in set(sys.modules) - set(before):
@@ -65,12 +66,11 @@ def lib():
                 del sys.modules[name]
 
 
-@pytest.fixture
-def lnc(monkeypatch):
-    def set_degree(n: int) -> None:
-        monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", str(n))
-
-    return set_degree
+@pytest.fixture(scope="module")
+def lib():
+    """``nkilib`` imported through the interpreter; sys.modules is restored afterwards."""
+    with on_path() as nki:
+        yield lambda name: importlib.import_module(f"nkilib.{name}"), nki
 
 
 RNG = np.random.default_rng()

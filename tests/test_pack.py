@@ -41,6 +41,11 @@ def swiglu_case(shape, gen):
     return "swiglu", (g, u), (), lambda g, u: F.silu(g) * u, nk.swiglu
 
 
+def geglu_case(shape, gen):
+    g, u = 3 * torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    return "geglu", (g, u), (), lambda g, u: F.gelu(g, approximate="tanh") * u, nk.geglu
+
+
 def rope_case(shape, gen):
     rows, width = shape
     b, s, d = max(1, rows % 3), max(1, rows // 10 + 1), 2 * max(1, width // 40)
@@ -86,7 +91,7 @@ def segment_sum_case(shape, gen):
             lambda s, i: nk.segment_sum(s, i, segs))
 
 
-CASES = [softmax_case, swiglu_case, rope_case, cross_entropy_case, embedding_case, segment_sum_case]
+CASES = [softmax_case, swiglu_case, geglu_case, rope_case, cross_entropy_case, embedding_case, segment_sum_case]
 
 
 @pytest.mark.parametrize("switch", ["on", "off"])
@@ -182,6 +187,7 @@ def test_opcheck(case):
     ("softmax", lambda: (torch.randn(4, 6), 0), "dim=0"),
     ("softmax", lambda: (torch.randn(6, 4).t(), -1), "rows are not contiguous"),
     ("swiglu", lambda: (torch.randn(4, 6), torch.randn(1, 6)), "no broadcasting"),
+    ("geglu", lambda: (torch.randn(4, 6), torch.randn(1, 6)), "no broadcasting"),
     ("rope", lambda: (torch.randn(1, 2, 3, 5), torch.randn(1, 2, 3, 5), torch.randn(1, 3, 5), torch.randn(1, 3, 5)),
      "odd head dim"),
     ("rope", lambda: (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4), torch.randn(2, 3, 4), torch.randn(2, 3, 4)),
@@ -412,3 +418,20 @@ def test_an_output_computed_from_no_input_needing_a_gradient_carries_none(switch
     assert rel_err(got, want) < 1e-6
     with pytest.raises(RuntimeError, match="does not require grad"):
         ko.sum().backward()
+
+
+def test_geglu_saturates_where_pytorch_does(switches):
+    """gelu's ``1 + tanh`` rounds to 0 for gates below about -5.3 in float32: there PyTorch's gelu is -0 and its
+    derivative 0, so an infinite ``up`` or output gradient gives nan; the kernel's tanh rounds where PyTorch's does.
+    (Between -5.4 and -5.0 PyTorch's own result depends on where the element sits: its vectorised tanh rounds to -1
+    from about -5.15 up, its scalar tanh for a tensor's last elements from -5.16 down, as the kernel's.)"""
+    switches(NKI_AUTOTUNE_KERNEL_GEGLU="on")
+    g = torch.cat([torch.linspace(-12, -5.4, 6601), torch.linspace(-5, 12, 17001)]).requires_grad_()
+    up = torch.full_like(g, float("inf")).requires_grad_()
+    nans = []
+    for fn in (nk.geglu, lambda a, b: F.gelu(a, approximate="tanh") * b):
+        y = fn(g, up)
+        dg, du = torch.autograd.grad(y, (g, up), torch.full_like(y, float("inf")))
+        nans.append(torch.stack([y.isnan(), dg.isnan(), du.isnan()]))
+    assert torch.equal(nans[0], nans[1])
+    assert 0 < nans[0][0].sum() < g.numel()

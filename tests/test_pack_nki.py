@@ -38,7 +38,7 @@ def _keys(impl):
 
 def test_every_op_has_an_nki_impl():
     pack = {name for name, op in ops().items() if op.reference.__module__.startswith("nki_autotune.kernels.")}
-    assert len(pack) == 7 and {i.op.name for i in NKI_IMPLS} == pack  # tests register ops of their own
+    assert len(pack) == 8 and {i.op.name for i in NKI_IMPLS} == pack  # tests register ops of their own
 
 
 @pytest.mark.parametrize("impl", NKI_IMPLS, ids=lambda i: i.qualname)
@@ -57,11 +57,16 @@ def _fresh_key(name: str, rng: random.Random, dtype: str) -> Key:
         "rmsnorm": ([((n, d), dtype), ((d,), dtype)], {"eps": 1e-6}),
         "softmax": ([((n, d), dtype)], {"dim": -1}),
         "swiglu": ([((n, d), dtype), ((n, d), dtype)], {}),
+        "geglu": ([((n, d), dtype), ((n, d), dtype)], {}),
         "rope": ([((2, 3, n, 2 * d), dtype), ((2, 1, n, 2 * d), dtype), ((2, n, 2 * d), dtype),
                   ((2, n, 2 * d), dtype)], {}),
         "cross_entropy": ([((n, d + 1), dtype), ((n,), "int64")], {"ignore_index": -100}),
         "embedding": ([((n,), "int64"), ((d + 1, 16), dtype)], {}),
         "segment_sum": ([((n, 5), dtype), ((n,), "int64")], {"num_segments": d + 1}),
+        "attention": ([((2, 2, n, 16), dtype), ((2, 1, d, 16), dtype), ((2, 1, d, 8), dtype), None],
+                      {"causal": n <= d}),
+        "linear_cross_entropy": ([((n, 8), dtype), ((d + 1, 8), dtype), ((n,), "int64"), None],
+                                 {"ignore_index": -100, "reduction": "mean", "softcap": None}),
     }[name]
     return key_of(name, "training", shapes[0], shapes[1])
 

@@ -46,7 +46,7 @@ def test_matches_float64_reference(switches, gen, shape, switch):
 def test_every_config_is_correct(gen, config):
     x, w = _inputs((70, 96), gen)
     cfg = tuple(config.values())
-    outs, grads = run_with_grads(lambda a, b: IMPL.fwd_op(a, b, 1e-6, *cfg)[0], (x, w))
+    outs, grads = run_with_grads(lambda a, b: IMPL.fwd_op(a, b, 1e-6, 0.0, *cfg)[0], (x, w))
     ref_outs, ref_grads = run_with_grads(lambda a, b: reference(a, b, 1e-6), as64((x, w)))
     assert rel_err(outs[0], ref_outs[0]) < 1e-5
     assert all(rel_err(g, r) < 1e-5 for g, r in zip(grads, ref_grads))
@@ -60,7 +60,7 @@ def test_weight_gradient_summed_in_parallel_and_serially(gen, rows_per_task):
     x, w = _inputs((512, 512), gen)
     parallel = 512 // rows_per_task * 512 >= cpu._PARALLEL_SUM
     assert parallel == (rows_per_task == 1)
-    outs, grads = run_with_grads(lambda a, b: IMPL.fwd_op(a, b, 1e-6, 2, rows_per_task)[0], (x, w))
+    outs, grads = run_with_grads(lambda a, b: IMPL.fwd_op(a, b, 1e-6, 0.0, 2, rows_per_task)[0], (x, w))
     ref_outs, ref_grads = run_with_grads(lambda a, b: reference(a, b, 1e-6), as64((x, w)))
     assert all(rel_err(g, r) < 1e-5 for g, r in zip(grads, ref_grads))
 
@@ -68,8 +68,8 @@ def test_weight_gradient_summed_in_parallel_and_serially(gen, rows_per_task):
 @pytest.mark.parametrize("shape", [(3, 5), (2, 3, 64)])
 def test_opcheck(gen, shape):
     x, w = _inputs(shape, gen)
-    torch.library.opcheck(IMPL.fwd_op, (x.requires_grad_(), w.requires_grad_(), 1e-6, 1, 4))
-    torch.library.opcheck(IMPL.fwd_op, (x.detach(), w.detach(), 1e-5, 2, 1))
+    torch.library.opcheck(IMPL.fwd_op, (x.requires_grad_(), w.requires_grad_(), 1e-6, 1.0, 1, 4))
+    torch.library.opcheck(IMPL.fwd_op, (x.detach(), w.detach(), 1e-5, 0.0, 2, 1))
 
 
 def test_only_weight_requires_grad(switches, gen):
@@ -111,3 +111,42 @@ def test_declined_inputs_take_the_compiler_path(switches, gen, make, why):
     assert exp.path == "compiler" and why in exp.reason
     got = nk.rmsnorm(x, w)
     torch.testing.assert_close(got, reference(x, w, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("weight, offset", [(True, 1.0), (True, -0.5), (False, 0.0)],
+                         ids=["gemma", "offset", "no-weight"])
+@pytest.mark.parametrize("shape", [(3, 5), (2, 33, 129)])
+def test_offset_and_no_weight_match_float64(switches, gen, shape, weight, offset, dtype):
+    """``x * rsqrt(mean(x^2) + eps) * (offset + w)`` (Gemma: offset 1, weights near 0), and no weight at all
+    (``torch.nn.RMSNorm(elementwise_affine=False)``), forward and backward, against float64."""
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    x, w = _inputs(shape, gen, dtype)
+    w = (0.1 * w).requires_grad_() if weight else None
+    assert explain("rmsnorm", x.requires_grad_(), w, eps=1e-5, offset=offset).path == "kernel"
+    ins = (x, w) if weight else (x,)
+    outs, grads = run_with_grads(lambda a, b=None: nk.rmsnorm(a, b, 1e-5, offset), ins)
+    ref_outs, ref_grads = run_with_grads(lambda a, b=None: reference(a, b, 1e-5, offset), as64(ins))
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert outs[0].dtype == dtype and rel_err(outs[0], ref_outs[0]) < tol
+    assert len(grads) == len(ins) and all(rel_err(g, r) < tol for g, r in zip(grads, ref_grads))
+
+
+def test_gemma_cast_order_rounds_once_at_the_end(switches, gen):
+    """In bfloat16 the kernel computes ``x * rstd * (1 + w)`` in float32 and rounds the product once, as Gemma's
+    RMSNorm does (``(norm(x.float()) * (1 + w.float())).type_as(x)``), not the norm before the weight (Llama)."""
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    x, w = _inputs((64, 256), gen, torch.bfloat16)
+    w = 0.1 * w
+    gemma = (reference(x.float(), None, 1e-6) * (1.0 + w.float())).type_as(x)
+    llama = reference(x.float(), None, 1e-6).type_as(x) * (1.0 + w)
+    got = nk.rmsnorm(x, w, 1e-6, offset=1.0)
+    assert (got != gemma).float().mean() < 0.01 < (got != llama).float().mean()
+
+
+def test_an_offset_without_a_weight_is_refused(switches):
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    exp = explain("rmsnorm", torch.randn(4, 8), None, offset=1.0)
+    assert exp.path == "compiler" and "an offset without a weight" in exp.reason
+    with pytest.raises(ValueError, match="offset=1.0 needs a weight"):
+        nk.rmsnorm(torch.randn(4, 8), None, offset=1.0)

@@ -10,7 +10,7 @@ from nki_autotune.autotune.numerics import check_impl
 from nki_autotune.kernels.nki.interp import NkiError
 from nki_autotune.kernels.rmsnorm.nki import NKI_TILED, sbuf_bytes
 from nki_autotune.kernels.rmsnorm.op import RMSNORM
-from nki_autotune.registry import TensorSpec, explain, get_backend
+from nki_autotune.registry import Key, TensorSpec, explain, get_backend
 
 from .helpers import key_of
 
@@ -76,3 +76,13 @@ def test_dispatch_never_picks_nki_impls_where_the_neuron_backend_is_unavailable(
     exp = explain("rmsnorm", torch.randn(4, 64), torch.randn(64))
     assert exp.path == "compiler" and "backend neuron unavailable" in exp.reason
     assert RMSNORM.impls["cpu_rows"].fwd_op is not None  # the cpu impl is unaffected
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("weight, offset", [(True, 1.0), (False, 0.0)], ids=["gemma", "no-weight"])
+def test_offset_and_no_weight_match_float64(target, weight, offset, dtype):
+    specs = (TensorSpec((129, 200), dtype, requires_grad=True),
+             TensorSpec((200,), dtype, requires_grad=True) if weight else None)
+    k = Key.of(RMSNORM, specs, {"eps": 1e-6, "offset": offset}, "training")
+    res = check_impl(NKI_TILED, k, dict(NKI_TILED.default), torch.Generator().manual_seed(3))
+    assert res.ok, res

@@ -92,7 +92,7 @@ def rmsnorm_case(draw) -> Case:
     shape = (*draw(st.lists(dims, max_size=2)), draw(wide.filter(lambda d: d != 1)))  # rows of one: declined
     x = draw(specials(strided_rows(draw, gen, shape, dtype)))
     w = draw(specials(randn(gen, shape[-1:], dtype, 1.0)))
-    return Case("rmsnorm", (x, w), (draw(st.sampled_from([1e-6, 1e-5])),))
+    return Case("rmsnorm", (x, w), (draw(st.sampled_from([1e-6, 1e-5])), draw(st.sampled_from([0.0, 1.0]))))
 
 
 @st.composite
@@ -103,11 +103,14 @@ def softmax_case(draw) -> Case:
     return Case("softmax", (x,), (draw(st.sampled_from([-1, len(shape) - 1])),))
 
 
-@st.composite
-def swiglu_case(draw) -> Case:
-    dtype, gen = draw(st.sampled_from(DTYPES)), draw(generators())
-    shape = (*draw(st.lists(dims, max_size=2)), draw(wide))
-    return Case("swiglu", (draw(specials(randn(gen, shape, dtype))), draw(specials(randn(gen, shape, dtype)))), ())
+def gated_case(name: str):
+    """``act(gate) * up``: swiglu, geglu."""
+    @st.composite
+    def case(draw) -> Case:
+        dtype, gen = draw(st.sampled_from(DTYPES)), draw(generators())
+        shape = (*draw(st.lists(dims, max_size=2)), draw(wide))
+        return Case(name, (draw(specials(randn(gen, shape, dtype))), draw(specials(randn(gen, shape, dtype)))), ())
+    return case
 
 
 def heads(draw, gen, b, h, s, d, dtype) -> torch.Tensor:
@@ -172,8 +175,9 @@ def segment_sum_case(draw) -> Case:
     return Case("segment_sum", (src, index), (segs,))
 
 
-CASES = {"rmsnorm": rmsnorm_case, "softmax": softmax_case, "swiglu": swiglu_case, "rope": rope_case,
-         "cross_entropy": cross_entropy_case, "embedding": embedding_case, "segment_sum": segment_sum_case}
+CASES = {"rmsnorm": rmsnorm_case, "softmax": softmax_case, "swiglu": gated_case("swiglu"), "geglu": gated_case("geglu"),
+         "rope": rope_case, "cross_entropy": cross_entropy_case, "embedding": embedding_case,
+         "segment_sum": segment_sum_case}
 
 
 def key_of(case: Case) -> Key:
@@ -202,7 +206,7 @@ def rmsnorm_dx_terms(tensors: tuple, attrs: tuple, seeds: list) -> torch.Tensor:
     float32 formula, PyTorch's included."""
     x, w = (t.double() for t in tensors)
     rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + attrs[0])
-    return (seeds[0] * w * rstd).abs()
+    return (seeds[0] * (w + attrs[1]) * rstd).abs()
 
 
 def softmax_dx_terms(tensors: tuple, attrs: tuple, seeds: list) -> torch.Tensor:
@@ -369,7 +373,7 @@ def test_rmsnorm_gradients_overflow_where_the_expression_does():
         else:
             dy[at], x[(at[0] + 1) % 3, at[1]] = -3e38, 2e19
         cfg = impl.config_values(impl.configs()[trial % len(impl.configs())])
-        got = run(lambda a, b, cfg=cfg: impl.fwd_op(a, b, 1e-6, *cfg)[0], (x, w), [0, 1], [dy])[1]
+        got = run(lambda a, b, cfg=cfg: impl.fwd_op(a, b, 1e-6, 0.0, *cfg)[0], (x, w), [0, 1], [dy])[1]
         want = run(lambda a, b: ref(a, b, 1e-6), (x, w), [0, 1], [dy])[1]
         for g, r, what in zip(got, want, ("grad x", "grad weight")):
             assert_like_pytorch(g, r, r, torch.zeros(r.shape, dtype=torch.float64), f"trial {trial}: {what}")

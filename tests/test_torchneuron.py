@@ -29,6 +29,7 @@ KEYS = {  # small training keys, one per op
     "rmsnorm": ([((5, 40), "float32"), ((40,), "float32")], {"eps": 1e-6}),
     "softmax": ([((3, 6, 33), "float32")], {"dim": -1}),
     "swiglu": ([((7, 20), "float32"), ((7, 20), "float32")], {}),
+    "geglu": ([((7, 20), "float32"), ((7, 20), "float32")], {}),
     "rope": ([((2, 2, 9, 8), "float32"), ((2, 1, 9, 8), "float32"), ((2, 9, 8), "float32"), ((2, 9, 8), "float32")],
              {}),
     "cross_entropy": ([((6, 600), "float32"), ((6,), "int64")], {"ignore_index": -100}),

@@ -76,3 +76,15 @@ class _Caller:
         many = isinstance(outs, tuple)
         outs = tuple(torch.empty(o.shape, dtype=o.dtype) for o in (outs if many else (outs,)))
         return outs if many else outs[0]
+
+
+def make_available(monkeypatch) -> StandIn:
+    """The neuron backend available, as on a Trainium host, TorchNeuron played by the stand-in: what
+    ``NKI_TESTS_NEURON=standin`` does for a whole run of the suite (``tests/conftest.py``; tests/README.md). The
+    device keeps its name: CPU tensors stay on the cpu backend's impls, as they do on a Trainium host."""
+    from nki_autotune.registry.neuron import NeuronBackend
+
+    s = StandIn("trn2", lnc=2).install(monkeypatch)
+    monkeypatch.setattr(NeuronBackend, "why_unavailable", lambda self: None)
+    monkeypatch.setattr(NeuronBackend, "available", lambda self: True)
+    return s

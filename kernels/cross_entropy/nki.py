@@ -19,7 +19,7 @@ from ...registry import Impl, Key, TensorSpec, register_impl
 from ..nki import nisa, nki, nl
 from ..nki.launch import int32_column, run
 from ..nki.tiles import ROWS, check_rows, fits_sbuf, indirect_problem, mine, tiles
-from .op import CROSS_ENTROPY, fake, shape_problem
+from .op import CROSS_ENTROPY, fake, kernel_problem
 
 CHUNK = (512, 2048)
 
@@ -66,6 +66,61 @@ def _targets(target, r0, n, p, ignore_index, table):
     return tf, valid
 
 
+def online_step(xt, n, w, p, chunk, cols, ts, m, s, pick):
+    """One chunk xt[0:n, 0:w] (SBUF) into the running state of a row tile: the max m, the sum s of exp(x - m)
+    without the target's term, the target's logit pick; ts (the target's column within the chunk) moves on by w."""
+    cmax = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=cmax[0:n, :], op=nl.maximum, data=xt[0:n, 0:w], axis=1)
+    neg = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)  # -max(m, cmax)
+    nisa.tensor_tensor(dst=neg[0:n, :], data1=m[0:n, :], data2=cmax[0:n, :], op=nl.maximum)
+    nisa.tensor_scalar(dst=neg[0:n, :], data=neg[0:n, :], op0=nl.multiply, operand0=-1.0)
+    corr = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)  # exp(m_old - m_new)
+    nisa.activation(dst=corr[0:n, :], op=nl.exp, data=m[0:n, :], bias=neg[0:n, :])
+    mask = nl.ndarray((p, chunk), dtype=nl.float32, buffer=nl.sbuf)  # 1.0 at the target's column
+    nisa.tensor_scalar(dst=mask[0:n, 0:w], data=cols[0:n, 0:w], op0=nl.equal, operand0=ts[0:n, :])
+    # the target's logit pushed to -1e30: its exponential leaves the sum without a subtraction
+    e = nl.ndarray((p, chunk), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=e[0:n, 0:w], data=mask[0:n, 0:w], op0=nl.multiply, operand0=-1e30,
+                              op1=nl.add, operand1=xt[0:n, 0:w])
+    cs = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e[0:n, 0:w], op=nl.exp, data=e[0:n, 0:w], bias=neg[0:n, :], reduce_op=nl.add,
+                    reduce_res=cs[0:n, :], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    nisa.scalar_tensor_tensor(dst=s[0:n, :], data=s[0:n, :], op0=nl.multiply, operand0=corr[0:n, :],
+                              op1=nl.add, operand1=cs[0:n, :])
+    nisa.tensor_scalar(dst=m[0:n, :], data=neg[0:n, :], op0=nl.multiply, operand0=-1.0)
+    nisa.tensor_tensor(dst=e[0:n, 0:w], data1=mask[0:n, 0:w], data2=xt[0:n, 0:w], op=nl.multiply)
+    got = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=got[0:n, :], op=nl.add, data=e[0:n, 0:w], axis=1)
+    nisa.tensor_tensor(dst=pick[0:n, :], data1=pick[0:n, :], data2=got[0:n, :], op=nl.add)
+    nisa.tensor_scalar(dst=ts[0:n, :], data=ts[0:n, :], op0=nl.subtract, operand0=float(w))
+
+
+def finish(m, s, pick, valid, n, p):
+    """Each row's loss (0 where ignored), log-sum-exp and 1 - p_target from the running state."""
+    # z = log(s) + (m - x_t): loss = softplus(z) = lse - x_t and 1 - p_target = sigmoid(z), neither
+    # computed as a difference of nearly equal numbers when the target's probability is close to 1
+    gap = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)  # m - x_t, 0 on ignored rows
+    nisa.tensor_tensor(dst=gap[0:n, :], data1=m[0:n, :], data2=pick[0:n, :], op=nl.subtract)
+    nisa.tensor_tensor(dst=gap[0:n, :], data1=gap[0:n, :], data2=valid[0:n, :], op=nl.multiply)
+    ln_s = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=ln_s[0:n, :], data=s[0:n, :], op0=nl.maximum, operand0=2.0 ** -64)
+    nisa.activation(dst=ln_s[0:n, :], op=nl.log, data=ln_s[0:n, :])
+    loss = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=loss[0:n, :], op=nl.softplus, data=ln_s[0:n, :], bias=gap[0:n, :])
+    nisa.tensor_tensor(dst=loss[0:n, :], data1=loss[0:n, :], data2=valid[0:n, :], op=nl.multiply)
+    rest = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=rest[0:n, :], op=nl.sigmoid, data=ln_s[0:n, :], bias=gap[0:n, :])
+    # lse = m + log(s + exp(x_t - m)), the target's term counted only where the row is not ignored
+    et = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=et[0:n, :], op=nl.exp, data=gap[0:n, :], scale=-1.0)
+    nisa.scalar_tensor_tensor(dst=et[0:n, :], data=et[0:n, :], op0=nl.multiply, operand0=valid[0:n, :],
+                              op1=nl.add, operand1=s[0:n, :])
+    lse = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=lse[0:n, :], op=nl.log, data=et[0:n, :])
+    nisa.tensor_tensor(dst=lse[0:n, :], data1=lse[0:n, :], data2=m[0:n, :], op=nl.add)
+    return loss, lse, rest
+
+
 @nki.jit
 def cross_entropy_fwd(logits, target, ignore_index, rows_per_tile, chunk):
     """logits [N, V]; target [N, 1] int32 -> per-row loss [N, 1] (0 where ignored), lse [N, 1] and
@@ -91,53 +146,10 @@ def cross_entropy_fwd(logits, target, ignore_index, rows_per_tile, chunk):
         def step(c0, w, r0=r0, n=n, ts=ts, m=m, s=s, pick=pick):
             xt = nl.ndarray((p, chunk), dtype=logits.dtype, buffer=nl.sbuf)
             nisa.dma_copy(dst=xt[0:n, 0:w], src=_cols(logits, r0, n, c0, w))
-            cmax = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_reduce(dst=cmax[0:n, :], op=nl.maximum, data=xt[0:n, 0:w], axis=1)
-            neg = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)  # -max(m, cmax)
-            nisa.tensor_tensor(dst=neg[0:n, :], data1=m[0:n, :], data2=cmax[0:n, :], op=nl.maximum)
-            nisa.tensor_scalar(dst=neg[0:n, :], data=neg[0:n, :], op0=nl.multiply, operand0=-1.0)
-            corr = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)  # exp(m_old - m_new)
-            nisa.activation(dst=corr[0:n, :], op=nl.exp, data=m[0:n, :], bias=neg[0:n, :])
-            mask = nl.ndarray((p, chunk), dtype=nl.float32, buffer=nl.sbuf)  # 1.0 at the target's column
-            nisa.tensor_scalar(dst=mask[0:n, 0:w], data=cols[0:n, 0:w], op0=nl.equal, operand0=ts[0:n, :])
-            # the target's logit pushed to -1e30: its exponential leaves the sum without a subtraction
-            e = nl.ndarray((p, chunk), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.scalar_tensor_tensor(dst=e[0:n, 0:w], data=mask[0:n, 0:w], op0=nl.multiply, operand0=-1e30,
-                                      op1=nl.add, operand1=xt[0:n, 0:w])
-            cs = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=e[0:n, 0:w], op=nl.exp, data=e[0:n, 0:w], bias=neg[0:n, :], reduce_op=nl.add,
-                            reduce_res=cs[0:n, :], reduce_cmd=nisa.reduce_cmd.reset_reduce)
-            nisa.scalar_tensor_tensor(dst=s[0:n, :], data=s[0:n, :], op0=nl.multiply, operand0=corr[0:n, :],
-                                      op1=nl.add, operand1=cs[0:n, :])
-            nisa.tensor_scalar(dst=m[0:n, :], data=neg[0:n, :], op0=nl.multiply, operand0=-1.0)
-            nisa.tensor_tensor(dst=e[0:n, 0:w], data1=mask[0:n, 0:w], data2=xt[0:n, 0:w], op=nl.multiply)
-            got = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_reduce(dst=got[0:n, :], op=nl.add, data=e[0:n, 0:w], axis=1)
-            nisa.tensor_tensor(dst=pick[0:n, :], data1=pick[0:n, :], data2=got[0:n, :], op=nl.add)
-            nisa.tensor_scalar(dst=ts[0:n, :], data=ts[0:n, :], op0=nl.subtract, operand0=float(w))
+            online_step(xt, n, w, p, chunk, cols, ts, m, s, pick)
 
         _over_chunks(v, chunk, step)
-        # z = log(s) + (m - x_t): loss = softplus(z) = lse - x_t and 1 - p_target = sigmoid(z), neither
-        # computed as a difference of nearly equal numbers when the target's probability is close to 1
-        gap = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)  # m - x_t, 0 on ignored rows
-        nisa.tensor_tensor(dst=gap[0:n, :], data1=m[0:n, :], data2=pick[0:n, :], op=nl.subtract)
-        nisa.tensor_tensor(dst=gap[0:n, :], data1=gap[0:n, :], data2=valid[0:n, :], op=nl.multiply)
-        ln_s = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=ln_s[0:n, :], data=s[0:n, :], op0=nl.maximum, operand0=2.0 ** -64)
-        nisa.activation(dst=ln_s[0:n, :], op=nl.log, data=ln_s[0:n, :])
-        loss = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=loss[0:n, :], op=nl.softplus, data=ln_s[0:n, :], bias=gap[0:n, :])
-        nisa.tensor_tensor(dst=loss[0:n, :], data1=loss[0:n, :], data2=valid[0:n, :], op=nl.multiply)
-        rest = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=rest[0:n, :], op=nl.sigmoid, data=ln_s[0:n, :], bias=gap[0:n, :])
-        # lse = m + log(s + exp(x_t - m)), the target's term counted only where the row is not ignored
-        et = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=et[0:n, :], op=nl.exp, data=gap[0:n, :], scale=-1.0)
-        nisa.scalar_tensor_tensor(dst=et[0:n, :], data=et[0:n, :], op0=nl.multiply, operand0=valid[0:n, :],
-                                  op1=nl.add, operand1=s[0:n, :])
-        lse = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=lse[0:n, :], op=nl.log, data=et[0:n, :])
-        nisa.tensor_tensor(dst=lse[0:n, :], data1=lse[0:n, :], data2=m[0:n, :], op=nl.add)
+        loss, lse, rest = finish(m, s, pick, valid, n, p)
         nisa.dma_copy(dst=losses[r0:r0 + n, :], src=loss[0:n, :])
         nisa.dma_copy(dst=lse_out[r0:r0 + n, :], src=lse[0:n, :])
         nisa.dma_copy(dst=rest_out[r0:r0 + n, :], src=rest[0:n, :])
@@ -204,14 +216,10 @@ def backward(grads, tensors, results, attrs, config, needs):
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
-    why = shape_problem(specs, attrs)
+    why = kernel_problem(specs, attrs)
     if why:
         return why
-    x, t = specs
-    if x.numel == 0:
-        return "empty logits"
-    if x.dtype not in ("float32", "bfloat16") or t.dtype not in ("int64", "int32"):
-        return f"logits {x.dtype}, target {t.dtype} (supports float32/bfloat16 logits, int targets)"
+    x, _ = specs
     if attrs["reduction"] != "mean":
         return f"reduction={attrs['reduction']!r} (this kernel takes the mean)"
     if x.shape[1] >= 1 << 24:

@@ -42,6 +42,19 @@ def shape_problem(specs, attrs: dict) -> str | None:
     return None
 
 
+def kernel_problem(specs, attrs: dict) -> str | None:
+    """What the NKI kernels decline alike: ``shape_problem``, empty logits, other dtypes."""
+    why = shape_problem(specs, attrs)
+    if why:
+        return why
+    x, t = specs
+    if x.numel == 0:
+        return "empty logits"
+    if x.dtype not in ("float32", "bfloat16") or t.dtype not in ("int64", "int32"):
+        return f"logits {x.dtype}, target {t.dtype} (supports float32/bfloat16 logits, int targets)"
+    return None
+
+
 CROSS_ENTROPY = register_op(Op(
     name="cross_entropy", reference=reference, tensors=("logits", "target"),
     attrs={"ignore_index": int, "reduction": str}, defaults={"ignore_index": -100, "reduction": "mean"},

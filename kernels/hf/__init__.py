@@ -1,14 +1,15 @@
 """nki_autotune.kernels.hf: the kernel pack in Hugging Face transformers models, one instance at a time.
 
     from nki_autotune.kernels.hf import patch
-    patch(model)   # {"rmsnorm": 5, "swiglu": 2, "rope": 2, "cross_entropy": 1, "embedding": 1}
+    patch(model)   # {"rmsnorm": 5, "swiglu": 2, "rope": 2, "attention": 2, "cross_entropy": 1, "embedding": 1}
 
 ``patch`` binds new forwards on this model's modules (never on their classes, never on
 ``torch.nn.functional``), matched by exact class in the families Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2,
 Granite and SmolLM3: RMSNorm modules (Qwen3's per-head ``q_norm``/``k_norm`` and OLMo 2's across all heads too,
 each with its family's cast order), SiLU-gated MLPs (Phi-3's fused ``gate_up_proj`` split in half), the rotary
 embedding of each attention that rotates whole heads (not a NoPE layer of SmolLM3, not a partial rotary
-embedding), the token embedding, and the causal-LM loss (the instance's ``loss_function``). What a family
+embedding) and its ``sdpa`` attention function (``nk.attention``; other attention implementations are left as
+they are), the token embedding, and the causal-LM loss (the instance's ``loss_function``). What a family
 computes around them (Granite's multipliers, OLMo 2's norms after attention and MLP) stays in the forwards the
 patch leaves as they are; a module that matches no rule keeps its forward. Weights, ``state_dict``,
 devices and dtypes are untouched; each op runs the pack's function, so the switches and tables decide per call
@@ -31,8 +32,8 @@ from .forwards import causal_lm_loss, embedding_forward
 from .rope import check_routable
 from .version import SUPPORTED, UnsupportedVersion, check_version
 
-OPS = ("rmsnorm", "swiglu", "rope", "cross_entropy", "embedding")
-_FORWARD = {"rope": _rope.attention_forward, "embedding": embedding_forward}
+OPS = ("rmsnorm", "swiglu", "rope", "attention", "cross_entropy", "embedding")
+_FORWARD = {"embedding": embedding_forward}
 _OP_OF = {f: op for op, f in _FORWARD.items()}
 _OP_OF.update({getattr(_forwards, f.norm): "rmsnorm" for f in FAMILIES.values()})
 _OP_OF.update({getattr(_forwards, f.mlp): "swiglu" for f in FAMILIES.values()})
@@ -48,28 +49,35 @@ def _forward(op: str, family: Family):
 
 
 def patch(model: nn.Module, *, rmsnorm: bool = True, swiglu: bool = True, rope: bool = True,
-          cross_entropy: bool = True, embedding: bool = True) -> dict[str, int]:
+          attention: bool = True, cross_entropy: bool = True, embedding: bool = True) -> dict[str, int]:
     """Patch ``model`` in place; returns the number of call sites of each op that now run the pack.
     Every check runs before anything is bound: a refused model is left as it was."""
     check_version()
-    wanted = {"rmsnorm": rmsnorm, "swiglu": swiglu, "rope": rope, "cross_entropy": cross_entropy,
-              "embedding": embedding}
+    wanted = {"rmsnorm": rmsnorm, "swiglu": swiglu, "rope": rope, "attention": attention,
+              "cross_entropy": cross_entropy, "embedding": embedding}
     todo = []
+    routes: dict[int, set[str]] = {}  # per attention module, the ops its forward routes
     for family in families_of(model):
         for op, name, module in _candidates(model, family):
-            if _patched_op(module) == op:
-                if op == "rope":  # a copy of a patched model: its attention modules are new
+            if _patched_ops(module):
+                if op in _rope.ROUTES:  # a copy of a patched model: its attention modules are new
                     _rope.route(family.modeling, module)
             elif wanted[op]:
                 _check(name, module, op, family)
-                todo.append((op, module, family))
+                if op in _rope.ROUTES:
+                    if id(module) not in routes:
+                        todo.append(("routes", module, family))
+                    routes.setdefault(id(module), set()).add(op)
+                else:
+                    todo.append((op, module, family))
     for op, module, family in todo:
         if op == "cross_entropy":
             module.loss_function = causal_lm_loss
             continue
-        if op == "rope":
+        if op == "routes":
             _rope.route(family.modeling, module)
-            module.forward = _rope.RoutedForward(_FORWARD[op], module)
+            module.forward = _rope.RoutedForward(_rope.attention_forward, module,
+                                                 nki_routes=frozenset(routes[id(module)]))
         else:  # a partial, not a bound method: a patched model pickles and copies (a method pickles by its name)
             module.forward = partial(_forward(op, family), module)
     return {op: len(names) for op, names in sites(model).items()}
@@ -78,12 +86,13 @@ def patch(model: nn.Module, *, rmsnorm: bool = True, swiglu: bool = True, rope: 
 def unpatch(model: nn.Module) -> None:
     """Restore every forward and loss function ``patch`` replaced in ``model``."""
     for _, module in model.named_modules():
-        op = _patched_op(module)
-        if op == "cross_entropy":
+        ops = _patched_ops(module)
+        if ops == ("cross_entropy",):
             del module._loss_function
-        elif op is not None:
+        elif ops:
+            routed = isinstance(module.forward, _rope.RoutedForward)
             del module.forward
-            if op == "rope":
+            if routed:
                 _rope.unroute(sys.modules[type(module).__module__], module)
 
 
@@ -91,19 +100,21 @@ def sites(model: nn.Module) -> dict[str, list[str]]:
     """The qualified names of the call sites of each op that run the pack in ``model``."""
     out: dict[str, list[str]] = {op: [] for op in OPS}
     for name, module in model.named_modules():
-        op = _patched_op(module)
-        if op is not None:
+        for op in _patched_ops(module):
             out[op].append(name or type(module).__name__)
     return out
 
 
-def _patched_op(module: nn.Module) -> str | None:
-    """The op whose forward (or loss) ``patch`` bound on ``module``, if any."""
+def _patched_ops(module: nn.Module) -> tuple[str, ...]:
+    """The ops whose forward (or loss) ``patch`` bound on ``module``: none, one, or those an attention routes."""
     if module.__dict__.get("_loss_function") is causal_lm_loss:
-        return "cross_entropy"
+        return ("cross_entropy",)
     fwd = module.__dict__.get("forward")
-    bound = isinstance(fwd, partial) and fwd.args[:1] and fwd.args[0] is module
-    return _OP_OF.get(fwd.func) if bound else None
+    if not (isinstance(fwd, partial) and fwd.args[:1] and fwd.args[0] is module):
+        return ()
+    if isinstance(fwd, _rope.RoutedForward):
+        return tuple(op for op in _rope.ROUTES if op in fwd.routes)
+    return (_OP_OF[fwd.func],) if fwd.func in _OP_OF else ()
 
 
 def _check(name: str, module: nn.Module, op: str, family: Family) -> None:
@@ -116,8 +127,8 @@ def _check(name: str, module: nn.Module, op: str, family: Family) -> None:
             f"nki_autotune.kernels.hf.patch: {name or type(module).__name__} has its own {attr.lstrip('_')} set on "
             f"the instance (by another library, e.g. accelerate's hooks or another kernel patch); patch the model "
             f"before it, or pass {op}=False")
-    if op == "rope":
-        check_routable(family.modeling, type(module))
+    if op in _rope.ROUTES:
+        check_routable(family.modeling, type(module), op)
     if op == "cross_entropy" and not forward_uses(type(module), "loss_function"):
         raise RuntimeError(
             f"nki_autotune.kernels.hf: {type(module).__qualname__}.forward does not compute its loss through "
@@ -140,8 +151,10 @@ def _candidates(model: nn.Module, family: Family) -> Iterator[tuple[str, str, nn
         elif (kind is mlp and type(getattr(m, act, None)) in (SiLUActivation, nn.SiLU)
               and all(isinstance(getattr(m, p, None), nn.Linear) for p in projections)):
             yield "swiglu", name, m
-        elif kind is attention and _rotates_whole_heads(m):
-            yield "rope", name, m
+        elif kind is attention:
+            if _rotates_whole_heads(m):
+                yield "rope", name, m
+            yield "attention", name, m
         elif kind is base and _plain_embedding(getattr(m, "embed_tokens", None)):
             yield "embedding", f"{name}.embed_tokens".lstrip("."), m.embed_tokens
         elif kind is causal_lm and ("_loss_function" in m.__dict__ or m.loss_function is ForCausalLMLoss):

@@ -1,12 +1,14 @@
-"""Rotary embedding: transformers applies it in a module-level function of each modeling module
-(``apply_rotary_pos_emb``), which the attention's forward looks up when it runs.
+"""Rotary embedding and attention: transformers applies the rotary embedding in a module-level function of each
+modeling module (``apply_rotary_pos_emb``), and finds its attention function in the module-level registry
+``ALL_ATTENTION_FUNCTIONS``; the attention's forward looks both up when it runs.
 
-While a model of the family is patched, that name holds a router: inside the forward of a patched attention
-module it calls ``nk.rope``; anywhere else it calls the original function, so unpatched models compute what
-they computed. The original comes back when the family's last patched attention is unpatched or collected.
-Which attention is running is a thread-local flag, set by the patched attention's forward around its class's
-forward: compiled graphs read it at trace time (no graph break, no guard that changes between steps) and other
-threads never see it.
+While a model of the family is patched, those names hold routers: inside the forward of a patched attention
+module the first calls ``nk.rope`` and the second hands out ``nk.attention`` for ``"sdpa"``
+(``hf.attention``); anywhere else they give the originals, so unpatched models compute what they computed. The
+originals come back when the family's last patched attention is unpatched or collected. Which ops the running
+attention routes is thread-local, set by the patched attention's forward around its class's forward: compiled
+graphs read it at trace time (no graph break, no guard that changes between steps) and other threads never see
+it.
 """
 
 from __future__ import annotations
@@ -23,15 +25,19 @@ import torch
 from torch import nn
 
 from .. import rope
+from .attention import INTERFACE, AttentionRouter
 from .families import forward_uses
 
 NAME = "apply_rotary_pos_emb"
+ROUTES = ("rope", "attention")
+"""The ops a patched attention module can route, each through a name of its modeling module."""
+_NAMES = {"rope": NAME, "attention": INTERFACE}
 
 
 class _Inside(threading.local):
     def __init__(self) -> None:
-        self.patched_attention = False
-        """True while a patched attention's forward runs in this thread."""
+        self.routes: frozenset[str] = frozenset()
+        """The ops the patched attention whose forward runs in this thread routes to the pack."""
 
 
 _inside = _Inside()
@@ -41,19 +47,25 @@ _routers: dict[str, tuple[Callable, Callable]] = {}
 """Per modeling module: its original function and the router installed in its place."""
 
 
-def attention_forward(self, *args, **kwargs):
-    """The attention class's own forward, with its rotary embedding routed to the pack."""
-    outer = _inside.patched_attention
-    _inside.patched_attention = True
+def attention_forward(self, *args, nki_routes: frozenset[str] = frozenset({"rope"}), **kwargs):
+    """The attention class's own forward, with its rotary embedding and/or attention (``nki_routes``) routed to
+    the pack."""
+    outer = _inside.routes
+    _inside.routes = nki_routes
     try:
         return type(self).forward(self, *args, **kwargs)
     finally:
-        _inside.patched_attention = outer
+        _inside.routes = outer
 
 
 class RoutedForward(partial):
-    """``attention_forward`` bound to one attention module. A copy of a patched model (``copy.deepcopy``, or
-    unpickled) gets its own, which routes the copy's attention as ``patch`` routes the original's."""
+    """``attention_forward`` bound to one attention module and the ops it routes. A copy of a patched model
+    (``copy.deepcopy``, or unpickled) gets its own, which routes the copy's attention as ``patch`` routes the
+    original's."""
+
+    @property
+    def routes(self) -> frozenset[str]:
+        return self.keywords.get("nki_routes", frozenset({"rope"}))
 
     def __setstate__(self, state: tuple) -> None:
         super().__setstate__(state)
@@ -64,7 +76,7 @@ class RoutedForward(partial):
 def _router(original: Callable) -> Callable:
     def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *args,
                              **kwargs):
-        if (args or kwargs or not _inside.patched_attention
+        if (args or kwargs or "rope" not in _inside.routes
                 or q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.dim() != 3
                 or cos.shape[-1] != q.shape[-1]  # a partial rotary embedding (Phi-3's may be): the original's
                 or not q.dtype == k.dtype == cos.dtype == sin.dtype):  # OLMo 2's casts back to q's: the original's
@@ -76,21 +88,32 @@ def _router(original: Callable) -> Callable:
     return apply_rotary_pos_emb
 
 
-def check_routable(modeling: ModuleType, attention: type) -> None:
-    """An error where this transformers moved the rotary embedding out of the attention's reach."""
-    if not callable(getattr(modeling, NAME, None)) or not forward_uses(attention, NAME):
+def check_routable(modeling: ModuleType, attention: type, op: str = "rope") -> None:
+    """An error where this transformers moved the rotary embedding (``op`` rope) or the attention function
+    (``op`` attention) out of the attention's reach."""
+    name = _NAMES[op]
+    if getattr(modeling, name, None) is None or not forward_uses(attention, name):
+        what = "call" if op == "rope" else "look up its attention function in"
         raise RuntimeError(
-            f"nki_autotune.kernels.hf: {attention.__qualname__}.forward does not call {modeling.__name__}.{NAME} in "
-            f"this transformers version, so its rotary embedding cannot be routed; patch with rope=False")
+            f"nki_autotune.kernels.hf: {attention.__qualname__}.forward does not {what} {modeling.__name__}.{name} "
+            f"in this transformers version, so its {'rotary embedding' if op == 'rope' else 'attention'} cannot be "
+            f"routed; patch with {op}=False")
 
 
 def route(modeling: ModuleType, attention: nn.Module) -> None:
-    """Route ``attention``'s rotary embedding to the pack (installing the router of ``modeling`` if needed)."""
+    """Route ``attention``'s rotary embedding and attention function to the pack (installing the routers of
+    ``modeling`` if needed; each routes only the ops the patched attention names)."""
     key = modeling.__name__
     if key not in _routers:
-        original = getattr(modeling, NAME)
-        _routers[key] = (original, _router(original))
-        setattr(modeling, NAME, _routers[key][1])
+        originals = {NAME: getattr(modeling, NAME)}
+        routers = {NAME: _router(originals[NAME])}
+        interface = getattr(modeling, INTERFACE, None)
+        if interface is not None:
+            originals[INTERFACE] = interface
+            routers[INTERFACE] = AttentionRouter(interface, lambda: "attention" in _inside.routes)
+        _routers[key] = (originals, routers)
+        for name, router in routers.items():
+            setattr(modeling, name, router)
     live = _live.setdefault(key, {})
     if id(attention) not in live:
         live[id(attention)] = weakref.finalize(attention, _release, key, id(attention))
@@ -110,10 +133,11 @@ def _release(key: str, ident: int) -> None:
     live.pop(ident, None)
     if live or key not in _routers:
         return
-    original, router = _routers.pop(key)
+    originals, routers = _routers.pop(key)
     modeling = sys.modules[key]
-    if getattr(modeling, NAME, None) is router:
-        setattr(modeling, NAME, original)
-    else:
-        warnings.warn(f"{key}.{NAME} was replaced after nki_autotune.kernels.hf.patch and is left as it is; the "
-                      f"router it may still call now calls the original everywhere", stacklevel=2)
+    for name, router in routers.items():
+        if getattr(modeling, name, None) is router:
+            setattr(modeling, name, originals[name])
+        else:
+            warnings.warn(f"{key}.{name} was replaced after nki_autotune.kernels.hf.patch and is left as it is; the "
+                          f"router it may still call now calls the original everywhere", stacklevel=2)

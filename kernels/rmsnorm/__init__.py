@@ -1,4 +1,4 @@
-"""RMSNorm: ``x * rsqrt(mean(x^2, -1) + eps) * weight``."""
+"""RMSNorm: ``x * rsqrt(mean(x^2, -1) + eps) * (offset + weight)``."""
 
 from __future__ import annotations
 
@@ -10,9 +10,13 @@ from . import nki as _nki  # noqa: F401  (registers rmsnorm.nki_tiled)
 from .op import RMSNORM
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Same result as ``x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight``."""
-    return call(RMSNORM, (x, weight), (float(eps),))
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, offset: float = 0.0) -> torch.Tensor:
+    """Same result as ``x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (offset + weight)``: the weight
+    itself at offset 0 (Llama), ``1 + weight`` at offset 1 (Gemma, whose cast order is: compute in float32, cast the
+    product at the end); ``weight=None`` scales by nothing (``torch.nn.RMSNorm(..., elementwise_affine=False)``)."""
+    if weight is None and offset != 0.0:
+        raise ValueError(f"nk.rmsnorm: offset={offset} needs a weight (the scale is offset + weight)")
+    return call(RMSNORM, (x, weight), (float(eps), float(offset)))
 
 
 __all__ = ["RMSNORM", "rmsnorm"]

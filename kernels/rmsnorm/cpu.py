@@ -6,7 +6,8 @@ Backward: each task writes its rows of dx and accumulates its own partial dweigh
 row; a second parallel pass sums the partials by column. ``rows_per_task`` trades
 parallelism against the size of that partial buffer; ``threads=1`` skips the
 parallel launch, which costs more than small inputs take. float32 or bfloat16, computed in float32 (the
-weight gradient is summed in float64 and rounded once).
+weight gradient is summed in float64 and rounded once). The scale is ``offset + weight`` (Gemma's ``1 + weight``),
+taken in float32 as Gemma takes it; no weight is a weight of ones at offset 0 (an exact product).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .._cpu import (
     rows_view,
     thread_choices,
 )
-from .op import RMSNORM, fake, shape_problem
+from .op import RMSNORM, fake, scale, shape_problem
 
 ROWS_PER_TASK = (1, 4, 16, 64, 256)
 _COLS = 256  # columns per task of the dweight reduction
@@ -40,10 +41,11 @@ _PARALLEL_SUM = 1 << 17
 costs about what they save (128 x 512 partials in a training step: 40 us parallel)."""
 
 
-def _forward_body(x, w, eps, rows, y, rstd):
+def _forward_body(x, w, offset, eps, rows, y, rstd):
     n, d = x.shape
     tasks = (n + rows - 1) // rows
     inv_d = np.float32(1.0) / np.float32(d)
+    o = np.float32(offset)
     for t in prange(tasks):
         r1 = min(n, (t + 1) * rows)
         for r in range(t * rows, r1):
@@ -54,22 +56,23 @@ def _forward_body(x, w, eps, rows, y, rstd):
             s = np.float32(1.0) / np.sqrt(acc * inv_d + np.float32(eps))
             rstd[r] = s
             for j in range(d):
-                y[r, j] = cast_to(y, f32(x[r, j]) * s * f32(w[j]))
+                y[r, j] = cast_to(y, f32(x[r, j]) * s * (f32(w[j]) + o))
 
 
-def _row_dot_body(dy, w, x):
-    """sum((dy * w) * x) over a row, vectorised: the backward's one sum, compiled apart (with reassociation,
-    which a vectorised sum needs, and which lets LLVM reorder these products too) from the backward itself,
-    whose element-wise products keep the expression's order."""
+def _row_dot_body(dy, w, offset, x):
+    """sum((dy * (w + offset)) * x) over a row (offset a float32), vectorised: the backward's one sum, compiled
+    apart (with reassociation, which a vectorised sum needs, and which lets LLVM reorder these products too) from
+    the backward itself, whose element-wise products keep the expression's order."""
     acc = np.float32(0.0)
     for j in range(x.shape[0]):
-        acc += f32(dy[j]) * f32(w[j]) * f32(x[j])
+        acc += f32(dy[j]) * (f32(w[j]) + offset) * f32(x[j])
     return acc
 
 
-def _backward_body(dy, x, w, rstd, rows, dx, partial):
+def _backward_body(dy, x, w, offset, rstd, rows, dx, partial):
     n, d = x.shape
     tasks = partial.shape[0]
+    o = np.float32(offset)
     for t in prange(tasks):
         p = partial[t]
         for j in range(d):
@@ -77,14 +80,14 @@ def _backward_body(dy, x, w, rstd, rows, dx, partial):
         r1 = min(n, (t + 1) * rows)
         for r in range(t * rows, r1):
             s = rstd[r]
-            acc = _row_dot(dy[r], w, x[r])
+            acc = _row_dot(dy[r], w, o, x[r])
             # the products in the order autograd takes them through x * rsqrt(mean(x^2) + eps) * w, so that
             # a huge dy or x overflows (or not) where the expression does: dy * w, then times rstd or x;
             # rsqrt's gradient -0.5 * g * rstd^3, mean's / d, the square's times 2 * x
             c = np.float32(-0.5) * acc * (s * s * s) / np.float32(d)
             for j in range(d):
                 g, v = f32(dy[r, j]), f32(x[r, j])
-                gw = g * f32(w[j])
+                gw = g * (f32(w[j]) + o)
                 dx[r, j] = cast_to(dx, gw * s + c * (np.float32(2.0) * v))
                 p[j] += g * (v * s)
 
@@ -111,19 +114,19 @@ _column_sum = kernel(_column_sum_body)
 
 def forward(tensors: tuple, attrs: dict, config: dict) -> tuple[torch.Tensor, torch.Tensor]:
     x, w = tensors
+    w, offset = scale(x, w, attrs)
     y = empty_like(x)
     xa = as_rows(x)
     rstd = torch.empty(xa.shape[0], dtype=torch.float32)
     threads = config["threads"]
-    launch(_forward, threads, xa, array(w), attrs["eps"], max(1, -(-xa.shape[0] // threads)), as_rows(y),
+    launch(_forward, threads, xa, array(w), offset, attrs["eps"], max(1, -(-xa.shape[0] // threads)), as_rows(y),
            rstd.numpy())
     return y, rstd.view(x.shape[:-1])
 
 
 def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: dict, needs: tuple) -> tuple:
     (dy,), (x, w), (_, rstd) = grads, tensors, results
-    if w is None:  # only the weight's gradient is needed: dx is computed against a weight of ones
-        w = torch.ones(x.shape[-1], dtype=x.dtype)
+    w, offset = scale(x, w, attrs)  # w None: no weight, or only its gradient is needed (dx is then dropped)
     xa = as_rows(x)
     d = xa.shape[1]
     rows = config["rows_per_task"]
@@ -131,7 +134,7 @@ def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: 
     partial = torch.empty((tasks, d))  # torch's allocator reuses freed pages
     dx = empty_like(x)
     threads = config["threads"]
-    launch(_backward, threads, as_rows(dy), xa, array(w), array(rstd).reshape(-1), rows, as_rows(dx),
+    launch(_backward, threads, as_rows(dy), xa, array(w), offset, array(rstd).reshape(-1), rows, as_rows(dx),
            partial.numpy())
     if tasks == 1:  # one task's partial row is the weight's gradient
         return dx, rounded(partial.view(d), x.dtype)
@@ -142,12 +145,13 @@ def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     x, w = specs
-    if x.dtype not in FLOATS or w.dtype != x.dtype:
-        return f"dtypes {x.dtype}, {w.dtype} (supports float32 or bfloat16, the same for both)"
+    wdtype = x.dtype if w is None else w.dtype
+    if x.dtype not in FLOATS or wdtype != x.dtype:
+        return f"dtypes {x.dtype}, {wdtype} (supports float32 or bfloat16, the same for both)"
     why = shape_problem(specs, attrs)
     if why:
         return why
-    if x.layout[-1] != 1 or (w.strides is not None and w.strides != (1,)):
+    if x.layout[-1] != 1 or (w is not None and w.strides is not None and w.strides != (1,)):
         return "a last dim that is not contiguous"
     if not rows_view(x.shape, x.strides):
         return "leading dims that do not collapse into rows without a copy"

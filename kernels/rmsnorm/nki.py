@@ -4,7 +4,8 @@ Forward, per tile of ``rows_per_tile`` rows: the sum of squares through the Scal
 accumulator, chunk by chunk (``activation(square)`` with ``reduce_cmd`` reset then
 reduce), rstd = rsqrt(sum / D + eps), and y = x * rstd * w in one
 ``scalar_tensor_tensor``. The weight is broadcast to every partition once, by a
-ones-vector matmul (TensorE is the engine that moves data across partitions).
+ones-vector matmul (TensorE is the engine that moves data across partitions), and the offset
+added to it there in float32 (Gemma's ``1 + weight``); no weight is a weight of ones.
 
 Backward: dx = rstd * (dy * w) - x * rstd^3 * mean(dy * w * x) per row, and
 dweight = sum over rows of dy * x * rstd, a partition reduction done as a matmul
@@ -26,15 +27,15 @@ from ..nki import nisa, nki, nl
 from ..nki.launch import run
 from ..nki.limits import limits_target
 from ..nki.tiles import mine, tiles
-from .op import RMSNORM, fake, shape_problem
+from .op import RMSNORM, fake, scale, shape_problem
 
 ROWS_PER_TILE = (32, 64, 128)
 CHUNK = (128, 256, 512)
 _ITEM = {"float32": 4, "bfloat16": 2}
 
 
-def _broadcast_row(vec, d, p, chunk):
-    """vec (HBM, [d]) in every one of p partitions, as float32 SBUF [p, d]."""
+def _broadcast_row(vec, d, p, chunk, offset=0.0):
+    """vec (HBM, [d]) + offset in every one of p partitions, as float32 SBUF [p, d]."""
     ones = nl.ndarray((1, p), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
     row = nl.ndarray((1, d), dtype=nl.float32, buffer=nl.sbuf)
@@ -47,17 +48,19 @@ def _broadcast_row(vec, d, p, chunk):
         nisa.nc_matmul(dst=ps[:, 0:m], stationary=ones, moving=row[:, c0:c0 + m], is_stationary_onezero=True,
                        accumulate=False)
         nisa.tensor_copy(dst=out[:, c0:c0 + m], src=ps[:, 0:m])
+    if offset != 0.0:
+        nisa.tensor_scalar(dst=out, data=out, op0=nl.add, operand0=offset)
     return out
 
 
 @nki.jit
-def rmsnorm_fwd(x, w, eps, rows_per_tile, chunk):
-    """x: HBM [N, D]; w: HBM [D] -> y [N, D] (x's dtype), rstd [N, 1] float32."""
+def rmsnorm_fwd(x, w, eps, offset, rows_per_tile, chunk):
+    """x: HBM [N, D]; w: HBM [D] -> y = x * rstd * (w + offset) [N, D] (x's dtype), rstd [N, 1] float32."""
     n_rows, d = x.shape
     p = rows_per_tile
     y = nl.ndarray((n_rows, d), dtype=x.dtype, buffer=nl.shared_hbm)
     rstd = nl.ndarray((n_rows, 1), dtype=nl.float32, buffer=nl.shared_hbm)
-    w_b = _broadcast_row(w, d, p, chunk)
+    w_b = _broadcast_row(w, d, p, chunk, offset)
     n_chunks = (d + chunk - 1) // chunk
     for _, r0, n in mine(tiles(n_rows, p)):
         xt = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
@@ -84,14 +87,14 @@ def rmsnorm_fwd(x, w, eps, rows_per_tile, chunk):
 
 
 @nki.jit
-def rmsnorm_bwd(dy, x, w, rstd, rows_per_tile, chunk, dw_in_psum):
-    """dy, x: HBM [N, D]; w: [D]; rstd: [N, 1] float32 -> dx [N, D], dw [programs, D] float32 (one partial sum per
-    program of the launch)."""
+def rmsnorm_bwd(dy, x, w, offset, rstd, rows_per_tile, chunk, dw_in_psum):
+    """dy, x: HBM [N, D]; w: [D] (the scale w + offset); rstd: [N, 1] float32 -> dx [N, D], dw [programs, D] float32
+    (one partial sum per program of the launch)."""
     n_rows, d = x.shape
     p = rows_per_tile
     dx = nl.ndarray((n_rows, d), dtype=x.dtype, buffer=nl.shared_hbm)
     dw = nl.ndarray((nl.num_programs(), d), dtype=nl.float32, buffer=nl.shared_hbm)
-    w_b = _broadcast_row(w, d, p, chunk)
+    w_b = _broadcast_row(w, d, p, chunk, offset)
     ones = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
     n_chunks = (d + chunk - 1) // chunk
@@ -105,7 +108,7 @@ def rmsnorm_bwd(dy, x, w, rstd, rows_per_tile, chunk, dw_in_psum):
         nisa.dma_copy(dst=xt[0:n, :], src=x[r0:r0 + n, :])
         rs = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=rs[0:n, :], src=rstd[r0:r0 + n, :])
-        g = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)  # dy * w
+        g = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)  # dy * (w + offset)
         nisa.tensor_tensor(dst=g[0:n, :], data1=dyt[0:n, :], data2=w_b[0:n, :], op=nl.multiply)
         tmp = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=tmp[0:n, :], data1=g[0:n, :], data2=xt[0:n, :], op=nl.multiply)
@@ -150,18 +153,20 @@ def rmsnorm_bwd(dy, x, w, rstd, rows_per_tile, chunk, dw_in_psum):
 
 def forward(tensors: tuple, attrs: dict, config: dict) -> tuple[torch.Tensor, torch.Tensor]:
     x, w = tensors
+    w, offset = scale(x, w, attrs)
     d = x.shape[-1]
-    y, rstd = run(rmsnorm_fwd, x.device)(x.reshape(-1, d), w, attrs["eps"], config["rows_per_tile"],
+    y, rstd = run(rmsnorm_fwd, x.device)(x.reshape(-1, d), w, attrs["eps"], offset, config["rows_per_tile"],
                                              config["chunk"])
     return y.reshape(x.shape).to(x.device), rstd.reshape(x.shape[:-1]).to(x.device)
 
 
 def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: dict, needs: tuple) -> tuple:
-    (dy,), (x, w), (_, rstd) = grads, tensors, results
+    (dy,), (x, w0), (_, rstd) = grads, tensors, results
+    w, offset = scale(x, w0, attrs)
     d = x.shape[-1]
-    dx, dw = run(rmsnorm_bwd, x.device)(dy.reshape(-1, d), x.reshape(-1, d), w, rstd.reshape(-1, 1),
+    dx, dw = run(rmsnorm_bwd, x.device)(dy.reshape(-1, d), x.reshape(-1, d), w, offset, rstd.reshape(-1, 1),
                                             config["rows_per_tile"], config["chunk"], config["dw_in_psum"])
-    return dx.reshape(x.shape).to(x.device), dw.sum(0).to(w.dtype).to(x.device)
+    return dx.reshape(x.shape).to(x.device), (None if w0 is None else dw.sum(0).to(w.dtype).to(x.device))
 
 
 def sbuf_bytes(d: int, dtype: str, config: dict, training: bool) -> int:
@@ -181,14 +186,15 @@ def psum_banks(d: int, config: dict, training: bool) -> int:
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     x, w = specs
-    if x.dtype not in _ITEM or w.dtype != x.dtype:
-        return f"dtypes {x.dtype}, {w.dtype} (supports float32 or bfloat16, the same for both)"
+    wdtype = x.dtype if w is None else w.dtype
+    if x.dtype not in _ITEM or wdtype != x.dtype:
+        return f"dtypes {x.dtype}, {wdtype} (supports float32 or bfloat16, the same for both)"
     why = shape_problem(specs, attrs)
     if why:
         return why
     if x.numel == 0:
         return "empty x"
-    if not x.is_contiguous or not w.is_contiguous:
+    if not x.is_contiguous or (w is not None and not w.is_contiguous):
         return "non-contiguous inputs"
     d = x.shape[-1]
     smallest = {"rows_per_tile": min(ROWS_PER_TILE), "chunk": min(CHUNK), "dw_in_psum": 0}

@@ -7,14 +7,23 @@ import torch
 from ...registry import Key, Op, register_op
 
 
-def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+def reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float = 0.0) -> torch.Tensor:
+    """``x * rsqrt(mean(x^2) + eps) * (offset + weight)``: ``offset + weight`` is Gemma's ``1 + weight`` (offset 1),
+    the weight itself at offset 0; no weight (``torch.nn.RMSNorm(elementwise_affine=False)``): no scale."""
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is None:
+        return y
+    return y * (weight if offset == 0.0 else offset + weight)
 
 
 def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None) -> tuple[torch.Tensor, ...]:
     xs, ws = key.inputs
     x = torch.randn(xs.shape, generator=gen, dtype=getattr(torch, xs.dtype))
-    w = 1.0 + 0.1 * torch.randn(ws.shape, generator=gen, dtype=getattr(torch, ws.dtype))
+    if ws is None:
+        return x, None
+    # a scale (offset + weight) near 1, whatever the offset: Gemma's weights are near 0
+    w = 1.0 - key.attr_dict.get("offset", 0.0) + 0.1 * torch.randn(ws.shape, generator=gen,
+                                                                  dtype=getattr(torch, ws.dtype))
     return x, w
 
 
@@ -24,12 +33,22 @@ def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
+def scale(x: torch.Tensor, weight: torch.Tensor | None, attrs: dict) -> tuple[torch.Tensor, float]:
+    """The weight and offset the kernels take: no weight is a weight of ones (x's dtype: the same kernel signature)
+    at offset 0, an exact product."""
+    if weight is None:
+        return torch.ones(x.shape[-1], dtype=x.dtype, device=x.device), 0.0
+    return weight, attrs["offset"]
+
+
 def shape_problem(specs, attrs: dict) -> str | None:
     x, w = specs
     if not x.shape:
         return "x of shape [] (needs at least one dim)"
-    if w.shape != x.shape[-1:]:
+    if w is not None and w.shape != x.shape[-1:]:
         return f"weight of shape {list(w.shape)} (needs [{x.shape[-1]}], no broadcasting)"
+    if w is None and attrs.get("offset", 0.0) != 0.0:
+        return "an offset without a weight (the expression scales by nothing)"
     if x.shape[-1] == 1 and x.requires_grad:
         return ("rows of one element needing x's gradient (it is eps / (x^2 + eps) of the output's, a difference of "
                 "nearly equal terms in the kernels' formula)")
@@ -40,8 +59,9 @@ RMSNORM = register_op(Op(
     name="rmsnorm",
     reference=reference,
     tensors=("x", "weight"),
-    attrs={"eps": float},
-    defaults={"eps": 1e-6},
+    optional=("weight",),
+    attrs={"eps": float, "offset": float},
+    defaults={"eps": 1e-6, "offset": 0.0},
     differentiable=("x", "weight"),
     make_inputs=make_inputs,
     examples=(
@@ -49,5 +69,7 @@ RMSNORM = register_op(Op(
         ((((33, 129), "float32"), ((129,), "float32")), {}),
         ((((2, 64, 256), "float32"), ((256,), "float32")), {}),
         ((((3, 129, 200), "bfloat16"), ((200,), "bfloat16")), {}),
+        ((((3, 40, 72), "bfloat16"), ((72,), "bfloat16")), {"offset": 1.0}),
+        ((((9, 40), "float32"), None), {}),
     ),
 ))

@@ -6,6 +6,7 @@ large ones keep each thread streaming; ``threads=1`` skips the parallel launch.
 The formulas are PyTorch's (``x / (1 + exp(-x))`` and its derivative ``s * (1 + x * (1 - s))``), so inf and
 nan land where they land in PyTorch.
 
+The loops serve every ``act(gate) * up``: ``gated_kernels`` builds them with another activation (GeGLU's).
 Gate and up may also be rows with a stride (the last dim contiguous, the leading dims collapsing into one row
 axis): the two halves of one ``gate_up`` projection (Phi-3's fused MLP), read in place, a row per task.
 """
@@ -26,6 +27,7 @@ from .._cpu import (
     empty_like,
     exp32,
     f32,
+    inline,
     kernel,
     launch,
     max_threads,
@@ -38,14 +40,29 @@ from .op import SWIGLU, fake
 BLOCKS = (4096, 16384, 65536)
 
 
+@inline
+def silu(x):
+    return x / (np.float32(1.0) + exp32(-x))
+
+
+@inline
+def silu_grad(x):
+    """silu(x) as its gradient's formula reads it (``x * s``), and its derivative."""
+    s = np.float32(1.0) / (np.float32(1.0) + exp32(-x))
+    return x * s, s * (np.float32(1.0) + x * (np.float32(1.0) - s))
+
+
+ACT, ACT_GRAD = silu, silu_grad
+"""The gate's activation in the loops below, and its (value, derivative): ``gated_kernels`` binds others."""
+
+
 def _forward_body(g, u, block, out):
     n = g.size
     for t in prange((n + block - 1) // block):
         lo, hi = t * block, min(n, (t + 1) * block)
         gb, ub, ob = g[lo:hi], u[lo:hi], out[lo:hi]  # slices: the inner loop vectorises
         for i in range(hi - lo):
-            x = f32(gb[i])
-            ob[i] = cast_to(ob, x / (np.float32(1.0) + exp32(-x)) * f32(ub[i]))
+            ob[i] = cast_to(ob, ACT(f32(gb[i])) * f32(ub[i]))
 
 
 def _backward_body(dy, g, u, block, dg, du):
@@ -55,9 +72,9 @@ def _backward_body(dy, g, u, block, dg, du):
         yb, gb, ub, dgb, dub = dy[lo:hi], g[lo:hi], u[lo:hi], dg[lo:hi], du[lo:hi]
         for i in range(hi - lo):
             x, gy = f32(gb[i]), f32(yb[i])
-            s = np.float32(1.0) / (np.float32(1.0) + exp32(-x))
-            dub[i] = cast_to(dub, gy * (x * s))
-            dgb[i] = cast_to(dgb, gy * f32(ub[i]) * (s * (np.float32(1.0) + x * (np.float32(1.0) - s))))
+            a, da = ACT_GRAD(x)
+            dub[i] = cast_to(dub, gy * a)
+            dgb[i] = cast_to(dgb, gy * f32(ub[i]) * da)
 
 
 def _forward_rows_body(g, u, out):
@@ -65,8 +82,7 @@ def _forward_rows_body(g, u, out):
     for r in prange(g.shape[0]):
         gb, ub, ob = g[r], u[r], out[r]
         for i in range(g.shape[1]):
-            x = f32(gb[i])
-            ob[i] = cast_to(ob, x / (np.float32(1.0) + exp32(-x)) * f32(ub[i]))
+            ob[i] = cast_to(ob, ACT(f32(gb[i])) * f32(ub[i]))
 
 
 def _backward_rows_body(dy, g, u, dg, du):
@@ -74,42 +90,55 @@ def _backward_rows_body(dy, g, u, dg, du):
         yb, gb, ub, dgb, dub = dy[r], g[r], u[r], dg[r], du[r]
         for i in range(g.shape[1]):
             x, gy = f32(gb[i]), f32(yb[i])
-            s = np.float32(1.0) / (np.float32(1.0) + exp32(-x))
-            dub[i] = cast_to(dub, gy * (x * s))
-            dgb[i] = cast_to(dgb, gy * f32(ub[i]) * (s * (np.float32(1.0) + x * (np.float32(1.0) - s))))
+            a, da = ACT_GRAD(x)
+            dub[i] = cast_to(dub, gy * a)
+            dgb[i] = cast_to(dgb, gy * f32(ub[i]) * da)
 
 
-_forward = kernel(_forward_body, ELEMENTWISE)
-_backward = kernel(_backward_body, ELEMENTWISE)
-_forward_rows = kernel(_forward_rows_body, ELEMENTWISE)
-_backward_rows = kernel(_backward_rows_body, ELEMENTWISE)
+def gated_kernels(act=None, act_grad=None) -> tuple[tuple, ...]:
+    """The forward and backward kernels of ``act(gate) * up``, flat and by rows: ``act(x)`` and ``act_grad(x) ->
+    (act(x), act'(x))`` are ``inline`` numba functions (None: SiLU)."""
+    bind = None if act is None else {"ACT": act, "ACT_GRAD": act_grad}
+    return tuple(kernel(body, ELEMENTWISE, bind)
+                 for body in (_forward_body, _backward_body, _forward_rows_body, _backward_rows_body))
 
 
 def _flat(*tensors: torch.Tensor) -> bool:
     return all(t.is_contiguous() for t in tensors)
 
 
-def forward(tensors, attrs, config):
+def gated_forward(kernels: tuple, tensors: tuple, config: dict) -> tuple:
     g, u = tensors
     out = empty_like(g)
     if _flat(g, u):
-        launch(_forward, config["threads"], array(g).reshape(-1), array(u).reshape(-1), config["block"],
+        launch(kernels[0], config["threads"], array(g).reshape(-1), array(u).reshape(-1), config["block"],
                array(out).reshape(-1))
     else:
-        launch(_forward_rows, config["threads"], as_rows(g), as_rows(u), as_rows(out))
+        launch(kernels[2], config["threads"], as_rows(g), as_rows(u), as_rows(out))
     return (out,)
 
 
-def backward(grads, tensors, results, attrs, config, needs):
+def gated_backward(kernels: tuple, grads: tuple, tensors: tuple, config: dict) -> tuple:
     (dy,), (g, u) = grads, tensors
     u = g if u is None else u  # only du (which reads g) is needed: dg is computed and dropped
     dg, du = empty_like(g), empty_like(g)
     if _flat(dy, g, u):
-        launch(_backward, config["threads"], array(dy).reshape(-1), array(g).reshape(-1), array(u).reshape(-1),
+        launch(kernels[1], config["threads"], array(dy).reshape(-1), array(g).reshape(-1), array(u).reshape(-1),
                config["block"], array(dg).reshape(-1), array(du).reshape(-1))
     else:
-        launch(_backward_rows, config["threads"], as_rows(dy), as_rows(g), as_rows(u), as_rows(dg), as_rows(du))
+        launch(kernels[3], config["threads"], as_rows(dy), as_rows(g), as_rows(u), as_rows(dg), as_rows(du))
     return dg, du
+
+
+_KERNELS = gated_kernels()
+
+
+def forward(tensors, attrs, config):
+    return gated_forward(_KERNELS, tensors, config)
+
+
+def backward(grads, tensors, results, attrs, config, needs):
+    return gated_backward(_KERNELS, grads, tensors, config)
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
@@ -132,9 +161,14 @@ def constraint(config: dict, key: Key) -> bool:
     return config["block"] == min(BLOCKS) or config["block"] <= n  # larger blocks than the tensor are all alike
 
 
-CPU_FUSED = register_impl(Impl(
-    op=SWIGLU, name="cpu_fused", backend="cpu", forward=forward, backward=backward, fake=fake, supports=supports,
-    space={"threads": thread_choices(), "block": BLOCKS},
-    default={"threads": max_threads(), "block": 16384}, constraint=constraint,
-    reads={"gate": ("gate", "up"), "up": ("gate",)},
-))
+def gated_impl(op, forward, backward, fake) -> Impl:
+    """The CPU impl ``cpu_fused`` of a gated op ``act(gate) * up`` (the same space, constraint and reads)."""
+    return register_impl(Impl(
+        op=op, name="cpu_fused", backend="cpu", forward=forward, backward=backward, fake=fake, supports=supports,
+        space={"threads": thread_choices(), "block": BLOCKS},
+        default={"threads": max_threads(), "block": 16384}, constraint=constraint,
+        reads={"gate": ("gate", "up"), "up": ("gate",)},
+    ))
+
+
+CPU_FUSED = gated_impl(SWIGLU, forward, backward, fake)

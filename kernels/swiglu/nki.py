@@ -1,5 +1,7 @@
 """SwiGLU in NKI: silu on ScalarE and the product on VectorE, tile by tile over [rows, columns].
-Backward: dgate = dy * up * silu'(gate), dup = dy * silu(gate)."""
+Backward: dgate = dy * up * silu'(gate), dup = dy * silu(gate).
+
+The tiling serves every ``act(gate) * up`` (``gated_fwd``, ``gated_bwd``): GeGLU runs it with its activation."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ COLS = (512, 2048)
 _ITEM = {"float32": 4, "bfloat16": 2}
 
 
-@nki.jit
-def swiglu_fwd(gate, up, rows_per_tile, cols):
+def gated_fwd(gate, up, rows_per_tile, cols, act):
+    """``act(gate) * up``, traced inside a kernel: ``act`` is an activation function token (``nl.silu``)."""
     n_rows, f = gate.shape
     p = rows_per_tile
     out = nl.ndarray((n_rows, f), dtype=gate.dtype, buffer=nl.shared_hbm)
@@ -25,15 +27,16 @@ def swiglu_fwd(gate, up, rows_per_tile, cols):
             u = nl.ndarray((p, cols), dtype=up.dtype, buffer=nl.sbuf)
             nisa.dma_copy(dst=u[0:n, 0:m], src=up[r0:r0 + n, c0:c0 + m])
             s = nl.ndarray((p, cols), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=s[0:n, 0:m], op=nl.silu, data=g[0:n, 0:m])
+            nisa.activation(dst=s[0:n, 0:m], op=act, data=g[0:n, 0:m])
             o = nl.ndarray((p, cols), dtype=gate.dtype, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=o[0:n, 0:m], data1=s[0:n, 0:m], data2=u[0:n, 0:m], op=nl.multiply)
             nisa.dma_copy(dst=out[r0:r0 + n, c0:c0 + m], src=o[0:n, 0:m])
     return out
 
 
-@nki.jit
-def swiglu_bwd(dy, gate, up, rows_per_tile, cols):
+def gated_bwd(dy, gate, up, rows_per_tile, cols, act_tiles):
+    """dgate = dy * up * act'(gate), dup = dy * act(gate), traced inside a kernel: ``act_tiles(g, t, n, m)`` writes
+    act(g) into the float32 tile ``t`` and returns a float32 tile of act'(g) (``t`` is free again after dup)."""
     n_rows, f = gate.shape
     p = rows_per_tile
     dgate = nl.ndarray((n_rows, f), dtype=gate.dtype, buffer=nl.shared_hbm)
@@ -47,32 +50,56 @@ def swiglu_bwd(dy, gate, up, rows_per_tile, cols):
             gy = nl.ndarray((p, cols), dtype=dy.dtype, buffer=nl.sbuf)
             nisa.dma_copy(dst=gy[0:n, 0:m], src=dy[r0:r0 + n, c0:c0 + m])
             t = nl.ndarray((p, cols), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=t[0:n, 0:m], op=nl.silu, data=g[0:n, 0:m])
+            d = act_tiles(g, t, n, m)
             du = nl.ndarray((p, cols), dtype=up.dtype, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=du[0:n, 0:m], data1=gy[0:n, 0:m], data2=t[0:n, 0:m], op=nl.multiply)
             nisa.dma_copy(dst=dup[r0:r0 + n, c0:c0 + m], src=du[0:n, 0:m])
-            nisa.activation(dst=t[0:n, 0:m], op=nl.silu_dx, data=g[0:n, 0:m])
-            nisa.tensor_tensor(dst=t[0:n, 0:m], data1=t[0:n, 0:m], data2=u[0:n, 0:m], op=nl.multiply)
+            nisa.tensor_tensor(dst=d[0:n, 0:m], data1=d[0:n, 0:m], data2=u[0:n, 0:m], op=nl.multiply)
             dg = nl.ndarray((p, cols), dtype=gate.dtype, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=dg[0:n, 0:m], data1=t[0:n, 0:m], data2=gy[0:n, 0:m], op=nl.multiply)
+            nisa.tensor_tensor(dst=dg[0:n, 0:m], data1=d[0:n, 0:m], data2=gy[0:n, 0:m], op=nl.multiply)
             nisa.dma_copy(dst=dgate[r0:r0 + n, c0:c0 + m], src=dg[0:n, 0:m])
     return dgate, dup
+
+
+def _silu_tiles(g, t, n, m):
+    nisa.activation(dst=t[0:n, 0:m], op=nl.silu, data=g[0:n, 0:m])
+    d = nl.ndarray(t.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=d[0:n, 0:m], op=nl.silu_dx, data=g[0:n, 0:m])
+    return d
+
+
+@nki.jit
+def swiglu_fwd(gate, up, rows_per_tile, cols):
+    return gated_fwd(gate, up, rows_per_tile, cols, nl.silu)
+
+
+@nki.jit
+def swiglu_bwd(dy, gate, up, rows_per_tile, cols):
+    return gated_bwd(dy, gate, up, rows_per_tile, cols, _silu_tiles)
 
 
 def _rows(t):
     return t.reshape(-1, t.shape[-1] if t.dim() else 1)
 
 
-def forward(tensors, attrs, config):
+def gated_forward(kernel, tensors, config):
     g, u = tensors
-    out = run(swiglu_fwd, g.device)(_rows(g), _rows(u), config["rows_per_tile"], config["cols"])
+    out = run(kernel, g.device)(_rows(g), _rows(u), config["rows_per_tile"], config["cols"])
     return (out.reshape(g.shape).to(g.device),)
 
 
-def backward(grads, tensors, results, attrs, config, needs):
+def gated_backward(kernel, grads, tensors, config):
     (dy,), (g, u) = grads, tensors
-    dg, du = run(swiglu_bwd, g.device)(_rows(dy), _rows(g), _rows(u), config["rows_per_tile"], config["cols"])
+    dg, du = run(kernel, g.device)(_rows(dy), _rows(g), _rows(u), config["rows_per_tile"], config["cols"])
     return dg.reshape(g.shape).to(g.device), du.reshape(u.shape).to(u.device)
+
+
+def forward(tensors, attrs, config):
+    return gated_forward(swiglu_fwd, tensors, config)
+
+
+def backward(grads, tensors, results, attrs, config, needs):
+    return gated_backward(swiglu_bwd, grads, tensors, config)
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
@@ -84,18 +111,28 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     return None
 
 
-def constraint(config: dict, key: Key) -> bool:
-    shape, dtype = key.inputs[0].shape, key.inputs[0].dtype
-    width = shape[-1]
-    rows = 1
-    for s in shape[:-1]:
-        rows *= s
-    if config["cols"] > max(min(COLS), width) or config["rows_per_tile"] > max(32, rows):
-        return False  # tiles larger than the tensor only waste SBUF
-    return fits_sbuf(config["cols"] * (4 * _ITEM[dtype] + 8))
+def gated_constraint(temporaries: int):
+    """The constraint of a gated impl whose backward holds ``temporaries`` float32 tiles besides its five of the
+    inputs' dtype (dy, gate, up, dup, dgate)."""
+    def constraint(config: dict, key: Key) -> bool:
+        shape, dtype = key.inputs[0].shape, key.inputs[0].dtype
+        width = shape[-1]
+        rows = 1
+        for s in shape[:-1]:
+            rows *= s
+        if config["cols"] > max(min(COLS), width) or config["rows_per_tile"] > max(32, rows):
+            return False  # tiles larger than the tensor only waste SBUF
+        return fits_sbuf(config["cols"] * (5 * _ITEM[dtype] + 4 * temporaries))
+    return constraint
 
 
-NKI_TILED = register_impl(Impl(
-    op=SWIGLU, name="nki_tiled", backend="neuron", forward=forward, backward=backward, fake=fake, supports=supports,
-    space={"rows_per_tile": ROWS, "cols": COLS}, default={"rows_per_tile": 128, "cols": 512}, constraint=constraint,
-))
+def gated_impl(op, forward, backward, fake, temporaries: int) -> Impl:
+    """The NKI impl ``nki_tiled`` of a gated op ``act(gate) * up``."""
+    return register_impl(Impl(
+        op=op, name="nki_tiled", backend="neuron", forward=forward, backward=backward, fake=fake, supports=supports,
+        space={"rows_per_tile": ROWS, "cols": COLS}, default={"rows_per_tile": 128, "cols": 512},
+        constraint=gated_constraint(temporaries),
+    ))
+
+
+NKI_TILED = gated_impl(SWIGLU, forward, backward, fake, temporaries=2)

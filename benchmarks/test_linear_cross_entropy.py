@@ -1,0 +1,87 @@
+"""Linear cross-entropy, forward + backward: the kernel (``linear_cross_entropy.cpu_chunks``, default config)
+against the compiler on the expression ``F.cross_entropy(F.linear(h, w), t)`` (inductor, fullgraph), and the
+compiler with its auto-chunker (``TORCHINDUCTOR_AUTO_CHUNKER=1``, which torch 2.13 reads once, at import, into
+``torch._inductor.config.auto_chunker.enable``: set here per compile through ``options``, the same switch). The
+auto-chunker only chunks a matmul whose output is ``amplify_ratio_threshold`` (8) times its inputs; these heads
+amplify about 4x, so at its defaults it declines (its log: "no amplifier node found") and compiles what the
+compiler does. A fourth row forces it (threshold 2: 8 chunks).
+
+Time: median of interleaved rounds, one fwd+bwd of each variant per round, gradients set to None before each.
+Peak: ``nki_autotune.autotune.memory.peak_bytes`` of one more fwd+bwd (PyTorch's allocations plus numpy's, above
+what is live before: the inputs). float32, 5% of the targets ignored.
+Run: ``flock /tmp/team-measure.lock .venv/bin/python -m pytest benchmarks/test_linear_cross_entropy.py -s``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import nki_autotune.kernels as nk
+from nki_autotune.autotune.memory import peak_bytes
+from nki_autotune.registry import scope
+
+SHAPES = [(1024, 256, 32000), (2048, 512, 32000), (2048, 512, 128256)]
+"""(tokens, hidden, vocabulary): the demo's head (examples/train.py), and the issue's two larger ones."""
+ROUNDS = {32000: 7, 128256: 3}
+
+
+def expression(h, w, t):
+    return F.cross_entropy(F.linear(h, w), t)
+
+
+def variants():
+    def kernel(h, w, t):
+        with scope(NKI_AUTOTUNE_KERNEL_LINEAR_CROSS_ENTROPY="cpu_chunks"):
+            return nk.linear_cross_entropy(h, w, t)
+
+    compile_ = dict(backend="inductor", fullgraph=True, dynamic=False)
+    return {
+        "kernel": kernel,
+        "compiler": torch.compile(expression, **compile_),
+        "compiler, auto-chunker": torch.compile(expression, **compile_, options={"auto_chunker.enable": True}),
+        "compiler, auto-chunker forced": torch.compile(
+            expression, **compile_, options={"auto_chunker.enable": True, "auto_chunker.amplify_ratio_threshold": 2}),
+    }
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_linear_cross_entropy_time_and_peak(shape, capsys):
+    n, hdim, v = shape
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(n, hdim, generator=g).requires_grad_()
+    w = (torch.randn(v, hdim, generator=g) / hdim ** 0.5).requires_grad_()
+    t = torch.randint(0, v, (n,), generator=g).masked_fill(torch.rand(n, generator=g) < 0.05, -100)
+    fns = variants()
+
+    def step(fn):
+        h.grad = w.grad = None
+        loss = fn(h, w, t)
+        loss.backward()
+        return loss.detach()
+
+    losses = {name: step(fn) for name, fn in fns.items()}  # compile, warm up
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(ROUNDS[v]):
+        for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            t0 = time.perf_counter()
+            step(fns[name])
+            times[name].append(time.perf_counter() - t0)
+    peaks = {}
+    for name, fn in fns.items():
+        h.grad = w.grad = None
+        peaks[name] = peak_bytes(lambda fn=fn: step(fn))
+    base_t, base_p = statistics.median(times["compiler"]), peaks["compiler"]
+    with capsys.disabled():
+        print(f"\nlinear cross-entropy {n} x {hdim} x {v} float32, fwd+bwd, median of {ROUNDS[v]} interleaved rounds")
+        for name in fns:
+            med = statistics.median(times[name])
+            print(f"  {name:<30} {med * 1e3:9.1f} ms ({base_t / med:4.2f}x the compiler's speed)   peak "
+                  f"{peaks[name] / 2**20:8.1f} MiB ({peaks[name] / base_p:4.2f}x the compiler's)")
+    for name, loss in losses.items():
+        assert torch.allclose(loss, losses["compiler"], rtol=1e-4), (name, loss, losses["compiler"])

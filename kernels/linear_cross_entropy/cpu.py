@@ -1,0 +1,186 @@
+"""Linear cross-entropy on the CPU: the tokens in chunks, the [N, V] logits never whole.
+
+Per chunk of ``chunk`` tokens: the chunk's logits by torch's BLAS matrix product (``addmm``/``mm`` into one buffer
+reused by every chunk), then one numba kernel, parallel over the chunk's rows, caps them (``softcap``), finds each
+row's max and sum of exponentials in one pass (``_cpu.max_sumexp``, the target's own term left out of the sum as in
+``cross_entropy.cpu_rows``), writes its loss and, in training, overwrites the row with the logits' gradient
+(softmax minus the target's one-hot, scaled by the reduction, times the cap's derivative ``1 - (y / cap)^2``);
+then the hidden gradient of the chunk is ``dlogits @ W`` and the weight gradient accumulates ``dlogits^T @ h`` into
+one float32 buffer (``addmm_``). So each chunk's logits are read and written by the kernel once, and by three
+matrix products. The gradients are computed in the forward, only those the call needs (none in inference), and
+saved; the backward scales them by the loss's gradient. bfloat16 inputs are computed in float32 (the weight widened
+once per call), their gradients rounded once at the end.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import prange
+
+from ...registry import Impl, Key, TensorSpec, register_impl
+from .._cpu import (
+    FASTMATH,
+    FLOATS,
+    array,
+    exp32,
+    finite32,
+    helper,
+    kernel,
+    launch,
+    max_sumexp,
+    max_threads,
+    out_of_range,
+    require,
+    softplus64,
+    thread_choices,
+)
+from ..cross_entropy.cpu import _weight  # each counted token's weight in the loss
+from .op import LINEAR_CROSS_ENTROPY, fake, shape_problem
+
+CHUNKS = (64, 128, 256, 512, 1024)
+"""Tokens per chunk: the logits buffer holds chunk x V float32 (at V = 128256, 128 MiB for 256 tokens)."""
+
+
+@helper(FASTMATH)
+def _cap_row(row, cap):
+    """row = cap * tanh(row / cap), in place."""
+    inv = np.float32(1.0) / cap
+    for j in range(row.shape[0]):
+        row[j] = cap * np.float32(np.tanh(row[j] * inv))
+
+
+@helper(FASTMATH)
+def _write_grad(row, m, inv, scale):
+    """row = exp(row - m) * inv * scale, in place; returns the sum of the probabilities exp(row - m) * inv."""
+    s = np.float32(0.0)
+    for j in range(row.shape[0]):
+        p = exp32(row[j] - m) * inv
+        row[j] = p * scale
+        s += p
+    return s
+
+
+@helper(FASTMATH)
+def _write_capped_grad(row, m, inv, scale, cap):
+    """As ``_write_grad``, times the cap's derivative 1 - (y / cap)^2 at each capped logit y."""
+    s = np.float32(0.0)
+    icap = np.float32(1.0) / cap
+    for j in range(row.shape[0]):
+        y = row[j]
+        p = exp32(y - m) * inv
+        u = y * icap
+        row[j] = p * scale * (np.float32(1.0) - u * u)
+        s += p
+    return s
+
+
+def _chunk_body(x, target, ignore, cap, scale, grad, losses):
+    """x: one chunk's float32 logits [n, V], overwritten by their gradient where ``grad``; cap 0 for none."""
+    n, v = x.shape
+    for r in prange(n):
+        row = x[r]
+        if cap > 0:
+            _cap_row(row, cap)
+        t = target[r]
+        m, rest = max_sumexp(x, r, 1, -1 if t == ignore else t)  # the sum without the target's own term
+        if t == ignore:
+            losses[r] = 0.0
+            if grad:  # exp(log-softmax) * 0: 0, or nan on a row whose log-softmax is nan
+                z = np.float32(0.0) if finite32(m) and finite32(np.float32(1.0) / rest) else np.float32(np.nan)
+                for j in range(v):
+                    row[j] = z
+            continue
+        yt = row[t]
+        d = yt - m  # <= 0
+        inv = np.float32(1.0) / (rest + exp32(d))
+        losses[r] = softplus64(np.log(np.float64(rest)) - d)  # = lse - x_t, with no cancellation
+        if not grad:
+            continue
+        if cap > 0:
+            others = (_write_capped_grad(row[:t], m, inv, scale, cap)
+                      + _write_capped_grad(row[t + 1:], m, inv, scale, cap))
+            u = yt / cap
+            slope = np.float32(1.0) - u * u
+        else:
+            others = _write_grad(row[:t], m, inv, scale) + _write_grad(row[t + 1:], m, inv, scale)
+            slope = np.float32(1.0)
+        # 1 - p_target summed from the other columns rather than cancelled
+        exact = finite32(scale) and finite32(m) and finite32(inv)
+        row[t] = -others * scale * slope if exact else np.float32(np.nan)
+
+
+_chunk = kernel(_chunk_body)
+
+
+def forward(tensors, attrs, config, needs):
+    h, w, target, bias = tensors
+    n, v = h.shape[0], w.shape[0]
+    dtype = h.dtype
+    t = array(target)
+    ignore = attrs["ignore_index"]
+    bad = out_of_range(t[t != ignore], v)
+    if bad is not None:
+        raise IndexError(f"Target {bad} is out of bounds.")
+    weight = _weight(t, attrs)
+    h32, w32 = h.detach().float(), w.detach().float()
+    b32 = None if bias is None else bias.detach().float()
+    grad = any(needs)
+    scale = np.float32(weight if grad else 0.0)
+    cap = np.float32(0.0 if attrs["softcap"] is None else attrs["softcap"])
+    dh = torch.empty(h.shape, dtype=torch.float32) if needs[0] else None
+    dw = torch.zeros(w.shape, dtype=torch.float32) if needs[1] else None
+    db = torch.zeros(v, dtype=torch.float32) if needs[2] else None
+    losses = np.zeros(n, np.float64)
+    size = config["chunk"]
+    buf = torch.empty((min(size, n), v), dtype=torch.float32)
+    wt = w32.t()
+    for i in range(0, n, size):
+        hc = h32[i:i + size]
+        lg = buf[:hc.shape[0]]
+        if b32 is None:
+            torch.mm(hc, wt, out=lg)
+        else:
+            torch.addmm(b32, hc, wt, out=lg)
+        launch(_chunk, config["threads"], lg.numpy(), t[i:i + size], ignore, cap, scale, grad,
+               losses[i:i + size])
+        if dh is not None:
+            torch.mm(lg, w32, out=dh[i:i + size])
+        if dw is not None:
+            dw.addmm_(lg.t(), hc)
+        if db is not None:
+            db += lg.sum(0)
+    loss = torch.tensor(losses.sum() * weight, dtype=dtype)
+    empty = h.new_empty(0)
+    return (loss, empty if dh is None else dh.to(dtype), empty if dw is None else dw.to(w.dtype),
+            empty if db is None else db.to(bias.dtype))
+
+
+def backward(grads, tensors, results, attrs, config, needs):
+    g = grads[0]
+    return tuple(r * g if need else None for r, need in zip(results[1:], needs))
+
+
+def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
+    """hidden and weight in any layout (the matrix products take them as they are); int64 targets."""
+    why = shape_problem(specs, attrs) or require(specs, {0: FLOATS, 1: FLOATS, 2: ("int64",), 3: FLOATS},
+                                                 contiguous=False)
+    if why:
+        return why
+    if specs[1].shape[0] == 0:
+        return "an empty vocabulary"
+    return None
+
+
+def constraint(config: dict, key: Key) -> bool:
+    n = key.inputs[0].shape[0]
+    return (config["threads"] == 1 or min(n, config["chunk"]) >= config["threads"]) and \
+        (config["chunk"] == min(CHUNKS) or config["chunk"] // 2 < n)
+
+
+CPU_CHUNKS = register_impl(Impl(
+    op=LINEAR_CROSS_ENTROPY, name="cpu_chunks", backend="cpu", forward=forward, backward=backward, fake=fake,
+    supports=supports, space={"threads": thread_choices(), "chunk": CHUNKS},
+    default={"threads": max_threads(), "chunk": 256}, constraint=constraint, forward_needs=True, saved=3,
+    reads={"hidden": ("result_1",), "weight": ("result_2",), "bias": ("result_3",)},
+))

@@ -1,0 +1,170 @@
+"""nk.linear_cross_entropy: the loss and the gradients of hidden, weight and bias against the expression in float64,
+on the CPU kernel (over several token chunks) and the NKI kernel (through the interpreter); compiled, one graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+
+import nki_autotune.kernels as nk
+from nki_autotune.kernels.linear_cross_entropy.op import reference
+from nki_autotune.registry import get_op
+
+from .helpers import rel_err
+from .test_compile import Graphs, targets
+
+OP = get_op("linear_cross_entropy")
+CPU = OP.impls["cpu_chunks"]
+NKI = OP.impls["nki_tiled"]
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+def inputs(gen, n=150, h=24, v=70, bias=False, dtype=torch.float32, ignored=(3, 77)):
+    """hidden [n, h], weight [v, h], targets with the rows ``ignored`` set to -100, bias [v] or None."""
+    hidden = torch.randn(n, h, generator=gen).to(dtype)
+    weight = (torch.randn(v, h, generator=gen) / h ** 0.5).to(dtype)
+    target = torch.randint(0, v, (n,), generator=gen)
+    target[[i for i in ignored if i < n]] = -100
+    b = (0.3 * torch.randn(v, generator=gen)).to(dtype) if bias else None
+    return hidden, weight, target, b
+
+
+def grads(fn, hidden, weight, target, bias, seed=2.5):
+    """The loss and the gradients of ``seed * loss`` for hidden, weight and bias (None where bias is)."""
+    leaves = [t.detach().clone().requires_grad_() for t in (hidden, weight, bias) if t is not None]
+    loss = fn(leaves[0], leaves[1], target, leaves[2] if bias is not None else None)
+    got = torch.autograd.grad(loss * seed, leaves)
+    return loss.detach(), got
+
+
+def kernel(impl=CPU, chunk=64, threads=2, ignore_index=-100, reduction="mean", softcap=None):
+    """The impl's operator itself, with its config (three chunks of 64 over 150 tokens), told every gradient."""
+    def fn(h, w, t, b):
+        if impl is not CPU:
+            return impl.fwd_op(h, w, t, b, ignore_index, reduction, softcap, 64, chunk)[0]
+        needs = 0b011 if b is None else 0b111
+        return impl.fwd_op(h, w, t, b, ignore_index, reduction, softcap, threads, chunk, needs)[0]
+    return fn
+
+
+def expression(ignore_index=-100, reduction="mean", softcap=None):
+    return lambda h, w, t, b: reference(h, w, t, b, ignore_index, reduction, softcap)
+
+
+def check(fn, ins, dtype, **attrs):
+    """fn's loss and gradients within the dtype's tolerance of the expression in float64."""
+    got_loss, got = grads(fn, *ins)
+    ins64 = tuple(t.double() if t is not None and t.is_floating_point() else t for t in ins)
+    ref_loss, ref = grads(expression(**attrs), *ins64)
+    assert got_loss.dtype == dtype and all(g.dtype == dtype for g in got)
+    assert rel_err(got_loss, ref_loss) < TOL[dtype], (got_loss, ref_loss)
+    for name, g, r in zip(("hidden", "weight", "bias"), got, ref):
+        assert rel_err(g, r) < TOL[dtype], (name, rel_err(g, r))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_cpu_loss_and_every_gradient_match_float64(gen, dtype, bias, reduction):
+    ins = inputs(gen, bias=bias, dtype=dtype)
+    check(kernel(reduction=reduction), ins, dtype, reduction=reduction)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_softcap_caps_the_logits_before_the_loss(gen, dtype):
+    """Logits of spread about 10 against a cap of 5: most of them bent by the tanh."""
+    h, w, t, b = inputs(gen, bias=True, dtype=dtype)
+    ins = (h * 10, w, t, b)
+    check(kernel(softcap=5.0), ins, dtype, softcap=5.0)
+
+
+def test_other_ignore_index_and_one_chunk(gen):
+    h, w, t, _ = inputs(gen, n=9, ignored=())
+    t[[0, 4]] = 2
+    check(kernel(ignore_index=2, chunk=1024, threads=1), (h, w, t, None), torch.float32, ignore_index=2)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_an_all_ignored_batch_is_nan_or_zero_with_zero_gradients(gen, reduction):
+    h, w, t, b = inputs(gen, n=5, bias=True)
+    t[:] = -100
+    got_loss, got = grads(kernel(reduction=reduction), h, w, t, b)
+    ref_loss, ref = grads(expression(reduction=reduction), h.double(), w.double(), t, b.double())
+    torch.testing.assert_close(got_loss.double(), ref_loss, equal_nan=True)
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g.double(), r, equal_nan=True)
+
+
+@pytest.mark.parametrize("n, v", [(0, 7), (1, 1), (1, 5)])
+def test_empty_and_one_element_inputs(gen, n, v):
+    for reduction in ("mean", "sum"):
+        ins = inputs(gen, n=n, h=3, v=v, bias=True, ignored=())
+        got_loss, got = grads(kernel(reduction=reduction), *ins)
+        ref_loss, ref = grads(expression(reduction=reduction), *(t.double() if t.is_floating_point() else t
+                                                                 for t in ins))
+        torch.testing.assert_close(got_loss.double(), ref_loss, equal_nan=True, rtol=1e-5, atol=1e-6)
+        for g, r in zip(got, ref):
+            torch.testing.assert_close(g.double(), r, equal_nan=True, rtol=1e-5, atol=1e-6)
+
+
+def test_out_of_range_target_is_an_index_error(gen):
+    h, w, t, _ = inputs(gen, n=4)
+    t[1] = 70
+    with pytest.raises(IndexError, match="70 is out of bounds"):
+        kernel()(h, w, t, None)
+
+
+def test_inference_computes_no_gradient(gen):
+    h, w, t, b = inputs(gen, bias=True)
+    out = CPU.fwd_op(h, w, t, b, -100, "mean", None, 2, 64, 0)
+    assert [r.numel() for r in out[1:]] == [0, 0, 0]
+    assert rel_err(out[0], reference(h.double(), w.double(), t, b.double(), -100, "mean", None)) < 1e-5
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_opcheck(gen, bias):
+    h, w, t, b = inputs(gen, n=20, bias=bias)
+    needs = 0b111 if bias else 0b011
+    torch.library.opcheck(CPU.fwd_op, (h.requires_grad_(), w.requires_grad_(),
+                                       t, None if b is None else b.requires_grad_(), -100, "mean", 2.0, 2, 64, needs))
+
+
+def test_public_function_takes_the_kernel_when_on_and_the_expression_when_off(gen, switches):
+    h, w, t, b = inputs(gen, bias=True)
+    h.requires_grad_()
+    for value in ("on", "off"):
+        switches(NKI_AUTOTUNE_KERNEL_LINEAR_CROSS_ENTROPY=value)
+        loss = nk.linear_cross_entropy(h, w, t, b, softcap=4.0)
+        assert rel_err(loss, F.cross_entropy(4.0 * torch.tanh(F.linear(h, w, b) / 4.0), t)) < 1e-5
+
+
+def test_compiled_is_one_graph_with_the_kernel_and_no_recompile(gen, switches):
+    switches(NKI_AUTOTUNE_KERNEL_LINEAR_CROSS_ENTROPY="on")
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = Graphs()
+    fn = torch.compile(lambda h, w, t: nk.linear_cross_entropy(h * 2.0, w, t) + 1.0, backend=graphs,
+                       fullgraph=True, dynamic=False)
+    h, w, t, _ = inputs(gen)
+    h.requires_grad_(), w.requires_grad_()
+    for _ in range(2):
+        got = torch.autograd.grad(fn(h, w, t), (h, w))
+        want = torch.autograd.grad(F.cross_entropy(F.linear(h * 2.0, w), t) + 1.0, (h, w))
+        assert all(rel_err(g, r) < 1e-5 for g, r in zip(got, want))
+    assert counters["graph_break"] == {} and len(graphs.dynamo) == 1
+    assert str(CPU.kernel_op) in targets(graphs.forward[0]) and str(CPU.bwd_op) in targets(graphs.backward[0])
+    assert "aten.mm.default" not in targets(graphs.forward[0])  # no logits outside the kernel
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dtype, bias, reduction, softcap", [(torch.float32, True, "mean", None),
+                                                            (torch.bfloat16, False, "sum", 4.0)], ids=str)
+def test_nki_loss_and_every_gradient_match_float64_through_the_interpreter(gen, dtype, bias, reduction, softcap):
+    """Three token tiles of 64 (the last short), a vocabulary of two forward chunks of 128 and gradient blocks of
+    128 (the last short), a hidden dim over two K tiles of 128 (the bias column makes it 161)."""
+    ins = inputs(gen, n=150, h=160, v=200, bias=bias, dtype=dtype)
+    ins = (ins[0] * (3 if softcap else 1), *ins[1:])
+    check(kernel(NKI, chunk=128, reduction=reduction, softcap=softcap), ins, dtype, reduction=reduction,
+          softcap=softcap)
