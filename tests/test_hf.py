@@ -243,6 +243,27 @@ def test_unpatch_restores_the_forwards_and_the_rotary_function(switches):
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_unpatch_restores_each_family(family, switches):
+    """Every family: after ``unpatch`` no forward or loss is bound on any module, the modeling module's rotary
+    function and attention registry are the originals, and the model computes what it computed, bit for bit."""
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    gc.collect()  # models other tests patched and dropped count as unpatched
+    modeling = hf.families.FAMILIES[family].modeling
+    names = ("apply_rotary_pos_emb", "ALL_ATTENTION_FUNCTIONS")
+    originals = [getattr(modeling, n) for n in names]
+    ref, model = build(family), build(family)
+    inputs = batch(10)
+    want = run(ref, inputs)
+    hf.patch(model)
+    hf.unpatch(model)
+    assert not [n for n, m in model.named_modules() if "forward" in m.__dict__ or "_loss_function" in m.__dict__]
+    assert [getattr(modeling, n) for n in names] == originals
+    got = run(model, inputs)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert all(torch.equal(g, want[2][p]) for p, g in got[2].items())
+
+
 def test_site_labels_are_qualified_module_names(tmp_path):
     model = build("qwen3")
     hf.patch(model)
