@@ -9,7 +9,7 @@ SOURCE := $(shell cat registry/*.py kernels/*.py kernels/*/*.py 2>/dev/null | ck
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor-$(SOURCE)
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
 
-.PHONY: test demo bench lint clean
+.PHONY: test test-hf-oldest demo bench lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,6 +29,22 @@ test: $(STAMP)
 # every call site against the compiler (studies in the embedded SQLite default, so a second run reuses
 # them), show the table, then verify the full step: the table against every kernel off and every kernel
 # on, and each enabled entry switched off alone.
+# The Hugging Face tests against the oldest transformers the `hf` extra admits (kernels/hf/version.py: SUPPORTED),
+# in a venv of its own; `make test` tests the newest.
+HF_OLDEST      ?= 4.57
+OLDEST_VENV    := .venv-hf-oldest
+OLDEST_STAMP   := $(OLDEST_VENV)/.installed-$(HF_OLDEST)
+$(OLDEST_STAMP): pyproject.toml
+	test -x $(OLDEST_VENV)/bin/python || python3 -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install -q --upgrade pip
+	$(OLDEST_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(OLDEST_VENV)/bin/python -m pip install -q -e '.[dev]' 'transformers==$(HF_OLDEST).*'
+	touch $@
+
+test-hf-oldest: $(OLDEST_STAMP)
+	$(OLDEST_VENV)/bin/python -c "import transformers; print('transformers', transformers.__version__)"
+	$(OLDEST_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests/test_hf.py tests/test_trainer.py
+
 demo: $(STAMP)
 	mkdir -p out
 	$(VENV)/bin/nki-autotune record -o out/profile.yaml -- $(PY) examples/train.py --steps 3
@@ -43,4 +59,4 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 
 clean:
-	rm -rf $(VENV) .cache build *.egg-info
+	rm -rf $(VENV) $(OLDEST_VENV) .cache build *.egg-info

@@ -35,12 +35,20 @@ FAMILIES = {  # config class, model class, what the family adds to the tiny conf
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 8, "query_pre_attn_scalar": 8, "sliding_window": 4}),
     "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 8, "query_pre_attn_scalar": 8,
                                                               "sliding_window": 4, "final_logit_softcapping": 30.0}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),  # fused gate_up_proj and qkv_proj
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),  # post-norms; q/k norms across all heads, weight in float32
+    "granite": ("GraniteConfig", "GraniteForCausalLM",  # multipliers away from 1, each where Granite applies it
+                {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "logits_scaling": 2.5,
+                 "attention_multiplier": 0.2}),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"no_rope_layers": [1, 0]}),  # layer 1 is NoPE
 }
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=96, max_position_embeddings=64, pad_token_id=0, tie_word_embeddings=False)
 _BOTH = {"rope": 2, "attention": 2, "cross_entropy": 1, "linear_cross_entropy": 1, "embedding": 1}
 SITES = {"llama": {"rmsnorm": 5, "swiglu": 2, "geglu": 0, **_BOTH},
          "qwen3": {"rmsnorm": 9, "swiglu": 2, "geglu": 0, **_BOTH},
+         "olmo2": {"rmsnorm": 9, "swiglu": 2, "geglu": 0, **_BOTH},
+         "smollm3": {"rmsnorm": 5, "swiglu": 2, "geglu": 0, **_BOTH, "rope": 1},
          # Gemma 2 normalises before and after attention and the MLP; Gemma 3 also per head (q_norm, k_norm)
          "gemma": {"rmsnorm": 5, "swiglu": 0, "geglu": 2, **_BOTH},
          "gemma2": {"rmsnorm": 9, "swiglu": 0, "geglu": 2, **_BOTH},
@@ -57,9 +65,9 @@ def build(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, noise:
     """A tiny model of ``family`` with random weights: transformers' init moved by ``noise`` (norm weights not one)."""
     config_cls, model_cls, family_extra = FAMILIES.get(family, (None, None, {}))
     if config_cls is None:
-        config_cls, model_cls = f"{family}Config", f"{family}ForCausalLM"
+        config_cls, model_cls = f"{family}Config", f"{family}LMHeadModel"
     torch.manual_seed(seed)
-    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**TINY, **family_extra, **extra))
+    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**TINY, **{**family_extra, **extra}))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(noise * torch.randn_like(p))
@@ -307,6 +315,27 @@ def test_unpatch_restores_the_forwards_and_the_rotary_function(switches, family)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_unpatch_restores_each_family(family, switches):
+    """Every family: after ``unpatch`` no forward or loss is bound on any module, the modeling module's rotary
+    function and attention registry are the originals, and the model computes what it computed, bit for bit."""
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    gc.collect()  # models other tests patched and dropped count as unpatched
+    modeling = hf.families.FAMILIES[family].modeling
+    names = ("apply_rotary_pos_emb", "ALL_ATTENTION_FUNCTIONS")
+    originals = [getattr(modeling, n) for n in names]
+    ref, model = build(family), build(family)
+    inputs = batch(10)
+    want = run(ref, inputs)
+    hf.patch(model)
+    hf.unpatch(model)
+    assert not [n for n, m in model.named_modules() if "forward" in m.__dict__ or "_loss_function" in m.__dict__]
+    assert [getattr(modeling, n) for n in names] == originals
+    got = run(model, inputs)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert all(torch.equal(g, want[2][p]) for p, g in got[2].items())
+
+
 def test_site_labels_are_qualified_module_names(tmp_path):
     model = build("qwen3")
     hf.patch(model)
@@ -324,24 +353,73 @@ def test_site_labels_are_qualified_module_names(tmp_path):
 
 
 def test_other_families_are_refused_and_keep_their_numerics(switches):
-    """StarCoder2's MLP is not gated and its norms are LayerNorms: patching it is refused, and neither it nor an
-    unpatched model of a patched family computes anything else while another model is patched."""
+    """A family nobody names (GPT-2: LayerNorm, GELU MLP, learned positions) is refused and left exactly as it
+    was, and neither it nor an unpatched model of a patched family computes anything else while another model
+    is patched."""
     switches(NKI_AUTOTUNE_KERNELS="on")
-    other = build("Starcoder2")
+    gpt2 = build("GPT2", n_inner=64)
     bystander = build("llama")
     inputs = batch(8)
-    want_other, want_llama = run(other, inputs), run(bystander, inputs)
-    with pytest.raises(hf.UnsupportedModel, match="'starcoder2'.*supported families: llama, mistral, qwen2, qwen3, "):
-        hf.patch(other)
+    want_gpt2, want_llama = run(gpt2, inputs), run(bystander, inputs)
+    forwards = {n: m.__dict__.get("forward") for n, m in gpt2.named_modules()}
+    supported = ", ".join(hf.families.FAMILIES)
+    with pytest.raises(hf.UnsupportedModel, match=f"'gpt2'.*supported families: {supported}$"):
+        hf.patch(gpt2)
+    assert forwards == {n: m.__dict__.get("forward") for n, m in gpt2.named_modules()}
+    assert "_loss_function" not in gpt2.__dict__
     patched = build("llama")
     hf.patch(patched)
-    for model, want in ((other, want_other), (bystander, want_llama)):
+    for model, want in ((gpt2, want_gpt2), (bystander, want_llama)):
         got = run(model, inputs)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         assert all(torch.equal(g, want[2][p]) for p, g in got[2].items())
     with pytest.raises(hf.UnsupportedModel, match="holds no Hugging Face model"):
         hf.patch(torch.nn.Linear(2, 2))
     hf.unpatch(patched)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_the_halves_of_a_fused_gate_up_projection_run_the_kernel_in_place(dtype, switches):
+    """Phi-3's MLP passes ``gate_up.chunk(2, -1)`` to ``nk.swiglu``: rows with a stride, which the CPU kernel
+    reads where they are; its value and both gradients are the expression's."""
+    from nki_autotune.registry import explain
+
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    gate_up = torch.randn(3, 5, 2 * 24, dtype=dtype)
+    dy = torch.randn(3, 5, 24, dtype=dtype)
+    results = []
+    for env in ("on", "off"):
+        with scope(NKI_AUTOTUNE_KERNELS=env):
+            x = gate_up.clone().requires_grad_()
+            gate, up = x.chunk(2, dim=-1)
+            assert not gate.is_contiguous()
+            if env == "on":
+                assert explain("swiglu", gate, up).impl == "cpu_fused", explain("swiglu", gate, up)
+            y = nk.swiglu(gate, up)
+            y.backward(dy)
+            results.append((y.detach(), x.grad))
+    (y, dx), (want_y, want_dx) = results
+    tol = 1e-6 if dtype == torch.float32 else 1e-2  # the kernel computes bfloat16 in float32, rounding once
+    assert rel_err(y, want_y) <= tol and rel_err(dx, want_dx) <= tol
+
+
+def test_a_partial_or_absent_rotary_embedding_is_left_as_transformers_writes_it(switches):
+    """Phi-3 with a partial rotary embedding (the first half of each head rotated) and SmolLM3's NoPE layer:
+    their rotary embedding (or its absence) is what transformers writes, and ``patch`` does not count it."""
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    phi3 = build("phi3", partial_rotary_factor=0.5)
+    ref = copy.deepcopy(phi3)
+    counts = hf.patch(phi3)
+    assert counts["rope"] == 0 and counts["attention"] == 2  # its attention function is still the pack's
+    smol = build("smollm3")
+    hf.patch(smol)
+    assert hf.sites(smol)["rope"] == ["model.layers.0.self_attn"]
+    assert hf.sites(smol)["attention"] == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+    inputs = batch(9)
+    got, want = run(phi3, inputs), run(ref, inputs)
+    assert rel_err(got[0], want[0]) <= 1e-5 and rel_err(_flat(got[2]), _flat(want[2])) <= 1e-5
+    for m in (phi3, smol):
+        hf.unpatch(m)
 
 
 def test_a_forward_set_by_someone_else_is_not_overwritten():
@@ -440,7 +518,8 @@ def test_recording_under_gradient_checkpointing_counts_the_recomputation_and_kee
     model = build("llama")
     hf.patch(model, cross_entropy=False)
     model.train()
-    model.gradient_checkpointing_enable()
+    # non-reentrant, as the docstring says: transformers 5's default (4.57's is reentrant)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     with record(tmp_path / "p.yaml"):
         for step in range(3):
             inputs = batch(step)

@@ -5,14 +5,18 @@
                    #  "linear_cross_entropy": 1, "embedding": 1}
 
 ``patch`` binds new forwards on this model's modules (never on their classes, never on
-``torch.nn.functional``), matched by exact class in the families Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2 and
-Gemma 3 (text): RMSNorm modules (Qwen3's and Gemma 3's per-head ``q_norm``/``k_norm`` too; Gemma's scale by
-``1 + weight``), SiLU-gated MLPs (``swiglu``) and Gemma's GELU(tanh)-gated ones (``geglu``), the rotary embedding
-of each attention and its ``sdpa`` attention function (``nk.attention``; other attention implementations are left
-as they are), the token embedding (Gemma's scaled by sqrt(hidden size)), the causal-LM loss (the instance's
-``loss_function``; Gemma 2 and 3 cap their logits before it, so it takes the capped logits) and, in training with
-labels, the causal-LM head and its loss as one ``nk.linear_cross_entropy`` call (the instance's ``forward``; its
-output's ``logits`` is then None: the logits are never made). Weights, ``state_dict``, devices and dtypes are
+``torch.nn.functional``), matched by exact class in the families Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2,
+Gemma 3 (text), Phi-3, OLMo 2, Granite and SmolLM3: RMSNorm modules (Qwen3's and Gemma 3's per-head
+``q_norm``/``k_norm`` and OLMo 2's across all heads too, each with its family's cast order; Gemma's scale by
+``1 + weight``), SiLU-gated MLPs (``swiglu``; Phi-3's fused ``gate_up_proj`` split in half) and Gemma's
+GELU(tanh)-gated ones (``geglu``), the rotary embedding of each attention that rotates whole heads (not a NoPE
+layer of SmolLM3, not a partial rotary embedding) and its ``sdpa`` attention function (``nk.attention``; other
+attention implementations are left as they are), the token embedding (Gemma's scaled by sqrt(hidden size)), the
+causal-LM loss (the instance's ``loss_function``; Gemma 2 and 3 cap their logits before it, so it takes the capped
+logits) and, in training with labels, the causal-LM head and its loss as one ``nk.linear_cross_entropy`` call (the
+instance's ``forward``; its output's ``logits`` is then None: the logits are never made). What a family computes
+around them (Granite's multipliers, OLMo 2's norms after attention and MLP) stays in the forwards the patch leaves
+as they are; a module that matches no rule keeps its forward. Weights, ``state_dict``, devices and dtypes are
 untouched; each op runs the pack's function, so the switches and tables decide per call site (labelled by the
 module's qualified name, e.g. ``model.layers.0.input_layernorm``) between a kernel and the expression transformers
 writes. ``unpatch`` restores every forward; patching twice changes nothing.
@@ -28,28 +32,32 @@ from functools import partial
 import torch.nn.functional as F
 from torch import nn
 
+from . import forwards as _forwards
 from . import rope as _rope
-from .families import Family, UnsupportedModel, families_of, forward_uses
-from .forwards import (
-    causal_lm_forward,
-    causal_lm_loss,
-    embedding_forward,
-    geglu_mlp_forward,
-    gemma_rmsnorm_forward,
-    mlp_forward,
-    rmsnorm_forward,
-    scaled_embedding_forward,
-)
+from .families import FAMILIES, Family, UnsupportedModel, families_of, forward_uses
+from .forwards import causal_lm_forward, causal_lm_loss, embedding_forward, scaled_embedding_forward
 from .rope import check_routable
 from .version import SUPPORTED, UnsupportedVersion, check_version
 
 OPS = ("rmsnorm", "swiglu", "geglu", "rope", "attention", "cross_entropy", "linear_cross_entropy", "embedding")
-_FORWARD = {"rmsnorm": rmsnorm_forward, "swiglu": mlp_forward, "embedding": embedding_forward,
-            "linear_cross_entropy": causal_lm_forward}
-_GEMMA = {"rmsnorm": gemma_rmsnorm_forward, "geglu": geglu_mlp_forward}
-_SCALED = scaled_embedding_forward
-"""Gemma's forwards, and that of its scaled embedding (``TextScaledWordEmbedding``, from transformers 5)."""
-_OP_OF = {f: op for op, f in (*_FORWARD.items(), *_GEMMA.items(), ("embedding", _SCALED))}
+_FORWARD = {"embedding": embedding_forward, "linear_cross_entropy": causal_lm_forward}
+_MLP_OP = {"geglu_mlp_forward": "geglu"}
+"""The op of a family's MLP forward, where it is not swiglu."""
+_OP_OF = {f: op for op, f in _FORWARD.items()}
+_OP_OF[scaled_embedding_forward] = "embedding"  # Gemma's ``TextScaledWordEmbedding`` (transformers 5)
+_OP_OF.update({getattr(_forwards, f.norm): "rmsnorm" for f in FAMILIES.values()})
+_OP_OF.update({getattr(_forwards, f.mlp): _MLP_OP.get(f.mlp, "swiglu") for f in FAMILIES.values()})
+
+
+def _forward(op: str, module: nn.Module, family: Family):
+    """The forward ``patch`` binds for ``op`` on ``module`` of ``family``."""
+    if op == "rmsnorm":
+        return getattr(_forwards, family.norm)
+    if op in ("swiglu", "geglu"):
+        return getattr(_forwards, family.mlp)
+    if op == "embedding" and type(module) is not nn.Embedding:
+        return scaled_embedding_forward
+    return _FORWARD[op]
 
 
 def patch(model: nn.Module, *, rmsnorm: bool = True, swiglu: bool = True, geglu: bool = True, rope: bool = True,
@@ -115,15 +123,6 @@ def sites(model: nn.Module) -> dict[str, list[str]]:
     return out
 
 
-def _forward(op: str, module: nn.Module, family: Family):
-    """The forward ``patch`` binds for ``op`` on ``module`` of ``family``."""
-    if family.gemma and op in _GEMMA:
-        return _GEMMA[op]
-    if op == "embedding" and type(module) is not nn.Embedding:
-        return _SCALED
-    return _FORWARD[op]
-
-
 def _patched_ops(module: nn.Module) -> tuple[str, ...]:
     """The ops whose forward or loss ``patch`` bound on ``module``: none, one, those an attention routes, or a
     causal LM's loss and its forward."""
@@ -166,16 +165,20 @@ def _candidates(model: nn.Module, family: Family) -> Iterator[tuple[str, str, nn
 
     norm, mlp, attention, base, causal_lm, scaled = (
         family.cls(k) for k in ("RMSNorm", "MLP", "Attention", "Model", "ForCausalLM", "TextScaledWordEmbedding"))
+    fused = family.mlp == "fused_mlp_forward"
+    act, projections = ("activation_fn", ("gate_up_proj",)) if fused else ("act_fn", ("gate_proj", "up_proj"))
     for name, m in model.named_modules():
         kind = type(m)
         if kind is norm and hasattr(m, "eps" if family.gemma else "variance_epsilon"):
             yield "rmsnorm", name, m
-        elif kind is mlp and not family.gemma and type(getattr(m, "act_fn", None)) in (SiLUActivation, nn.SiLU):
+        elif (kind is mlp and not family.gemma and type(getattr(m, act, None)) in (SiLUActivation, nn.SiLU)
+              and all(isinstance(getattr(m, p, None), nn.Linear) for p in projections)):
             yield "swiglu", name, m
         elif kind is mlp and family.gemma and _gelu_tanh(getattr(m, "act_fn", None)):
             yield "geglu", name, m
         elif kind is attention:
-            yield "rope", name, m
+            if _rotates_whole_heads(m):
+                yield "rope", name, m
             yield "attention", name, m
         elif kind is base and _plain_embedding(getattr(m, "embed_tokens", None), scaled):
             yield "embedding", f"{name}.embed_tokens".lstrip("."), m.embed_tokens
@@ -184,6 +187,19 @@ def _candidates(model: nn.Module, family: Family) -> Iterator[tuple[str, str, nn
                 yield "cross_entropy", name, m
             if type(getattr(m, "lm_head", None)) is nn.Linear:
                 yield "linear_cross_entropy", name, m
+
+
+def _rotates_whole_heads(attention: nn.Module) -> bool:
+    """Whether the attention applies its rotary embedding to the whole head dim: not a NoPE layer (SmolLM3's
+    ``use_rope`` false: no rotary embedding at all), not a partial rotary embedding (``partial_rotary_factor``
+    below 1, which Phi-3's configs may set: it rotates the first dims and passes the rest through)."""
+    if not getattr(attention, "use_rope", True):
+        return False
+    config = attention.config
+    params = getattr(config, "rope_parameters", None) or {}  # transformers 5; 4.57 keeps it on the config
+    factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    return factor is None or float(factor) == 1.0
+
 
 
 def _plain_embedding(m: nn.Module | None, scaled: type | None = None) -> bool:

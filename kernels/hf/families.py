@@ -11,7 +11,8 @@ from torch import nn
 
 @dataclass(frozen=True)
 class Family:
-    """One family: its ``config.model_type`` and the class-name prefix of its modeling module."""
+    """One family: its ``config.model_type``, the class-name prefix of its modeling module, and the forwards
+    (in ``forwards.py``) that compute its RMSNorm and its MLP as its modeling code does."""
 
     model_type: str
     prefix: str
@@ -22,6 +23,12 @@ class Family:
     gemma: bool = False
     """Gemma's numerics: RMSNorm scales by ``1 + weight`` and casts the product (not the norm) to the input's dtype;
     the MLP is GELU(tanh)-gated; the token embedding is scaled by sqrt(hidden size) (``TextScaledWordEmbedding``)."""
+    norm: str = "rmsnorm_forward"
+    """The RMSNorm forward (``forwards``): Llama's cast order (normalised in float32, cast, times the weight); OLMo 2's
+    ``rmsnorm_float32_forward``; Gemma's ``gemma_rmsnorm_forward``."""
+    mlp: str = "mlp_forward"
+    """The MLP forward: ``gate_proj`` and ``up_proj`` on swiglu; Phi-3's one ``gate_up_proj`` split in half:
+    ``fused_mlp_forward``; Gemma's GELU(tanh)-gated ``geglu_mlp_forward``."""
 
     @property
     def modeling(self) -> ModuleType:
@@ -34,11 +41,16 @@ class Family:
         return getattr(self.modeling, dict(self.names).get(kind, f"{self.prefix}{kind}"), None)
 
 
-FAMILIES = {f.model_type: f for f in (Family("llama", "Llama"), Family("mistral", "Mistral"),
-                                      Family("qwen2", "Qwen2"), Family("qwen3", "Qwen3"),
-                                      Family("gemma", "Gemma", gemma=True), Family("gemma2", "Gemma2", gemma=True),
-                                      Family("gemma3_text", "Gemma3", module="gemma3", gemma=True,
-                                             names=(("Model", "Gemma3TextModel"),)))}
+_GEMMA = {"gemma": True, "norm": "gemma_rmsnorm_forward", "mlp": "geglu_mlp_forward"}
+FAMILIES = {f.model_type: f for f in (
+    Family("llama", "Llama"), Family("mistral", "Mistral"), Family("qwen2", "Qwen2"), Family("qwen3", "Qwen3"),
+    Family("gemma", "Gemma", **_GEMMA), Family("gemma2", "Gemma2", **_GEMMA),
+    Family("gemma3_text", "Gemma3", module="gemma3", names=(("Model", "Gemma3TextModel"),), **_GEMMA),
+    Family("phi3", "Phi3", mlp="fused_mlp_forward"),
+    Family("olmo2", "Olmo2", norm="rmsnorm_float32_forward"),  # post-norms, q/k norms across all heads
+    Family("granite", "Granite"),  # its multipliers live in the forwards the patch leaves as they are
+    Family("smollm3", "SmolLM3"),  # NoPE layers: their attention calls no rotary embedding and is not patched
+)}
 
 
 def forward_uses(cls: type, name: str) -> bool:

@@ -41,9 +41,22 @@ def scaled_embedding_forward(self, input_ids: torch.Tensor) -> torch.Tensor:
     return embedding(input_ids, self.weight, padding_idx=self.padding_idx) * self.embed_scale.to(self.weight.dtype)
 
 
+def rmsnorm_float32_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """``Olmo2RMSNorm.forward`` (its norms after attention and the MLP, and its q/k norms across all heads): the
+    weight applied in float32, then the result cast to the input's dtype."""
+    return rmsnorm(hidden_states.float(), self.weight.float(), self.variance_epsilon).to(hidden_states.dtype)
+
+
 def mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     """``down(act(gate(x)) * up(x))`` of a SiLU-gated MLP."""
     return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+def fused_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """``Phi3MLP.forward``: ``down(up * act(gate))`` with gate and up the two halves of ``gate_up_proj(x)``, passed
+    as views of it (no copy)."""
+    gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+    return self.down_proj(swiglu(gate, up))
 
 
 def embedding_forward(self, input: torch.Tensor) -> torch.Tensor:

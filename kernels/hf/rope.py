@@ -77,7 +77,9 @@ def _router(original: Callable) -> Callable:
     def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *args,
                              **kwargs):
         if (args or kwargs or "rope" not in _inside.routes
-                or q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.dim() != 3):
+                or q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.dim() != 3
+                or cos.shape[-1] != q.shape[-1]  # a partial rotary embedding (Phi-3's may be): the original's
+                or not q.dtype == k.dtype == cos.dtype == sin.dtype):  # OLMo 2's casts back to q's: the original's
             return original(q, k, cos, sin, *args, **kwargs)
         return rope(q, k, cos, sin)
 

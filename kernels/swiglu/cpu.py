@@ -7,11 +7,14 @@ The formulas are PyTorch's (``x / (1 + exp(-x))`` and its derivative ``s * (1 + 
 nan land where they land in PyTorch.
 
 The loops serve every ``act(gate) * up``: ``gated_kernels`` builds them with another activation (GeGLU's).
+Gate and up may also be rows with a stride (the last dim contiguous, the leading dims collapsing into one row
+axis): the two halves of one ``gate_up`` projection (Phi-3's fused MLP), read in place, a row per task.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
@@ -19,6 +22,7 @@ from .._cpu import (
     ELEMENTWISE,
     FLOATS,
     array,
+    as_rows,
     cast_to,
     empty_like,
     exp32,
@@ -29,6 +33,7 @@ from .._cpu import (
     launch,
     max_threads,
     require,
+    rows_view,
     thread_choices,
 )
 from .op import SWIGLU, fake
@@ -73,18 +78,44 @@ def _backward_body(dy, g, u, block, dg, du):
             dgb[i] = cast_to(dgb, gy * f32(ub[i]) * da)
 
 
-def gated_kernels(act=None, act_grad=None) -> tuple[tuple, tuple]:
-    """The forward and backward kernels of ``act(gate) * up``: ``act(x)`` and ``act_grad(x) -> (act(x),
-    act'(x))`` are ``inline`` numba functions (None: SiLU)."""
+def _forward_rows_body(g, u, out):
+    """The forward on [rows, dim] arrays of any row stride, a row per task."""
+    for r in prange(g.shape[0]):
+        gb, ub, ob = g[r], u[r], out[r]
+        for i in range(g.shape[1]):
+            ob[i] = cast_to(ob, ACT(f32(gb[i])) * f32(ub[i]))
+
+
+def _backward_rows_body(dy, g, u, dg, du):
+    for r in prange(g.shape[0]):
+        yb, gb, ub, dgb, dub = dy[r], g[r], u[r], dg[r], du[r]
+        for i in range(g.shape[1]):
+            x, gy = f32(gb[i]), f32(yb[i])
+            a, da = ACT_GRAD(x)
+            dub[i] = cast_to(dub, gy * a)
+            dgb[i] = cast_to(dgb, gy * f32(ub[i]) * da)
+
+
+def gated_kernels(act=None, act_grad=None) -> tuple[tuple, ...]:
+    """The forward and backward kernels of ``act(gate) * up``, flat and by rows: ``act(x)`` and ``act_grad(x) ->
+    (act(x), act'(x))`` are ``inline`` numba functions (None: SiLU)."""
     bind = None if act is None else {"ACT": act, "ACT_GRAD": act_grad}
-    return kernel(_forward_body, ELEMENTWISE, bind), kernel(_backward_body, ELEMENTWISE, bind)
+    return tuple(kernel(body, ELEMENTWISE, bind)
+                 for body in (_forward_body, _backward_body, _forward_rows_body, _backward_rows_body))
+
+
+def _flat(*tensors: torch.Tensor) -> bool:
+    return all(t.is_contiguous() for t in tensors)
 
 
 def gated_forward(kernels: tuple, tensors: tuple, config: dict) -> tuple:
     g, u = tensors
     out = empty_like(g)
-    launch(kernels[0], config["threads"], array(g).reshape(-1), array(u).reshape(-1), config["block"],
-           array(out).reshape(-1))
+    if _flat(g, u):
+        launch(kernels[0], config["threads"], array(g).reshape(-1), array(u).reshape(-1), config["block"],
+               array(out).reshape(-1))
+    else:
+        launch(kernels[2], config["threads"], as_rows(g), as_rows(u), as_rows(out))
     return (out,)
 
 
@@ -92,8 +123,11 @@ def gated_backward(kernels: tuple, grads: tuple, tensors: tuple, config: dict) -
     (dy,), (g, u) = grads, tensors
     u = g if u is None else u  # only du (which reads g) is needed: dg is computed and dropped
     dg, du = empty_like(g), empty_like(g)
-    launch(kernels[1], config["threads"], array(dy).reshape(-1), array(g).reshape(-1), array(u).reshape(-1),
-           config["block"], array(dg).reshape(-1), array(du).reshape(-1))
+    if _flat(dy, g, u):
+        launch(kernels[1], config["threads"], array(dy).reshape(-1), array(g).reshape(-1), array(u).reshape(-1),
+               config["block"], array(dg).reshape(-1), array(du).reshape(-1))
+    else:
+        launch(kernels[3], config["threads"], as_rows(dy), as_rows(g), as_rows(u), as_rows(dg), as_rows(du))
     return dg, du
 
 
@@ -112,7 +146,12 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     g, u = specs
     if g.shape != u.shape:
         return f"shapes {list(g.shape)} and {list(u.shape)} (no broadcasting)"
-    return require(specs, {0: FLOATS, 1: FLOATS})
+    why = require(specs, {0: FLOATS, 1: FLOATS}, contiguous=False)
+    if why or (g.is_contiguous and u.is_contiguous):
+        return why
+    if not all(s.shape and s.layout[-1] == 1 and rows_view(s.shape, s.strides) for s in specs):
+        return "a layout whose rows are not contiguous or do not collapse into one row axis without a copy"
+    return None
 
 
 def constraint(config: dict, key: Key) -> bool:
