@@ -185,7 +185,7 @@ def _candidates(model: nn.Module, family: Family) -> Iterator[tuple[str, str, nn
         elif kind is causal_lm:
             if "_loss_function" in m.__dict__ or m.loss_function is ForCausalLMLoss:
                 yield "cross_entropy", name, m
-            if type(getattr(m, "lm_head", None)) is nn.Linear:
+            if family.fused_head and type(getattr(m, "lm_head", None)) is nn.Linear:
                 yield "linear_cross_entropy", name, m
 
 

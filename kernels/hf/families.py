@@ -26,6 +26,10 @@ class Family:
     norm: str = "rmsnorm_forward"
     """The RMSNorm forward (``forwards``): Llama's cast order (normalised in float32, cast, times the weight); OLMo 2's
     ``rmsnorm_float32_forward``; Gemma's ``gemma_rmsnorm_forward``."""
+    fused_head: bool = True
+    """Whether the causal LM's head and loss can be one ``nk.linear_cross_entropy`` call: its forward computes
+    ``lm_head(hidden)`` (softcapped where the config says) and its loss on that; Granite divides the logits by
+    ``logits_scaling`` first."""
     mlp: str = "mlp_forward"
     """The MLP forward: ``gate_proj`` and ``up_proj`` on swiglu; Phi-3's one ``gate_up_proj`` split in half:
     ``fused_mlp_forward``; Gemma's GELU(tanh)-gated ``geglu_mlp_forward``."""
@@ -48,7 +52,7 @@ FAMILIES = {f.model_type: f for f in (
     Family("gemma3_text", "Gemma3", module="gemma3", names=(("Model", "Gemma3TextModel"),), **_GEMMA),
     Family("phi3", "Phi3", mlp="fused_mlp_forward"),
     Family("olmo2", "Olmo2", norm="rmsnorm_float32_forward"),  # post-norms, q/k norms across all heads
-    Family("granite", "Granite"),  # its multipliers live in the forwards the patch leaves as they are
+    Family("granite", "Granite", fused_head=False),  # its multipliers live in the forwards left as they are
     Family("smollm3", "SmolLM3"),  # NoPE layers: their attention calls no rotary embedding and is not patched
 )}
 
