@@ -9,7 +9,7 @@ compiler does. A fourth row forces it (threshold 2: 8 chunks).
 Time: median of interleaved rounds, one fwd+bwd of each variant per round, gradients set to None before each.
 Peak: ``nki_autotune.autotune.memory.peak_bytes`` of one more fwd+bwd (PyTorch's allocations plus numpy's, above
 what is live before: the inputs). float32, 5% of the targets ignored.
-Run: ``flock /tmp/team-measure.lock .venv/bin/python -m pytest benchmarks/test_linear_cross_entropy.py -s``.
+Run: ``.venv/bin/python -m pytest benchmarks/test_linear_cross_entropy.py -s``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ smallest size from which every thread is faster in both modes, at it and at ever
 the kernel's ``SERIAL_BELOW`` (recorded beside it, in ``kernels/<op>/cpu.py``): below it the default config that
 ``NKI_AUTOTUNE_KERNELS=on`` runs uses one thread (``kernels._cpu.fit_threads``).
 
-Run: ``flock /tmp/team-measure.lock .venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``.
+Run: ``.venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``.
 """
 
 from __future__ import annotations
@@ -36,12 +36,17 @@ LADDER = {  # op -> the key's inputs (shape, dtype) and attrs for ``rows``; the 
     "cross_entropy": lambda r: ([((r, 256), "float32"), ((r,), "int64")], {}),
     "embedding": lambda r: ([((r * 4,), "int64"), ((512, 64), "float32")], {}),
     "segment_sum": lambda r: ([((r, 256), "float32"), ((r,), "int64")], {"num_segments": 32}),
+    "geglu": lambda r: ([((r, 256), "float32"), ((r, 256), "float32")], {}),
+    "attention": lambda r: ([((1, 4, r, 64), "float32"), ((1, 2, r, 64), "float32"), ((1, 2, r, 64), "float32"),
+                             None], {"causal": True}),
+    "linear_cross_entropy": lambda r: ([((r, 64), "float32"), ((256, 64), "float32"), ((r,), "int64"), None], {}),
 }
 
 
 def _key(op, rows: int) -> Key:
     inputs, attrs = LADDER[op.name](rows)
-    return Key.of(op, tuple(TensorSpec(tuple(s), d) for s, d in inputs), {**op.defaults, **attrs}, "training")
+    specs = tuple(None if i is None else TensorSpec(tuple(i[0]), i[1]) for i in inputs)  # None: an absent optional
+    return Key.of(op, specs, {**op.defaults, **attrs}, "training")
 
 
 def _call(impl, key: Key, threads: int, backward: bool):

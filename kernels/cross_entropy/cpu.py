@@ -145,7 +145,7 @@ def constraint(config: dict, key: Key) -> bool:
 SERIAL_BELOW = 2_097_152
 """Elements of logits below which the default config (what ``on`` runs where no table names a config) uses one
 thread: a second thread did not pay at any size up to it, on this project's 2-core machine while shared with other
-work (``flock /tmp/team-measure.lock .venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``;
+work (``.venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``;
 one / two threads, medians of 15 interleaved rounds; the largest size of its ladder:
 2097152 elements (8192 x 256): forward 2245 / 15948 us, forward+backward 17237 / 31727 us)."""
 

@@ -96,6 +96,8 @@ def patch(model: nn.Module, *, rmsnorm: bool = True, swiglu: bool = True, geglu:
             params = tuple(p.name for p in list(inspect.signature(type(module).forward).parameters.values())[1:]
                            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.POSITIONAL_ONLY))
             module.forward = partial(causal_lm_forward, module, params)
+            # what callers read off the forward (the Trainer keeps the dataset columns it names) stays the class's
+            module.forward.__signature__ = inspect.signature(type(module).forward.__get__(module))
         else:  # a partial, not a bound method: a patched model pickles and copies (a method pickles by its name)
             module.forward = partial(_forward(op, module, family), module)
     return {op: len(names) for op, names in sites(model).items()}
