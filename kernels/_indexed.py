@@ -78,7 +78,13 @@ def gather(table: np.ndarray, idx: np.ndarray, out: np.ndarray, threads: int) ->
 
 
 def scatter_add(src: np.ndarray, idx: np.ndarray, out: np.ndarray, mode: int, threads: int) -> None:
-    """out = zeros; out[idx[i]] += src[i] for every i (repeated indices accumulate); out is float32."""
+    """out = zeros; out[idx[i]] += src[i] for every i (repeated indices accumulate); out is float32.
+
+    An ``out`` without elements is left alone, whatever the indices: a segment sum into no segments checks none
+    (as index_add_), and numba types an empty array as C-contiguous, so it would place ``out[idx[i]]`` by the
+    shape past the array's memory (a heap block of a few bytes), however its strides read."""
+    if not out.size:
+        return
     if mode == SERIAL or threads <= 1 and mode == BLOCKS:
         _scatter_serial[0](src, idx, out)
     elif mode == BLOCKS:

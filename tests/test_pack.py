@@ -7,11 +7,13 @@ import functools
 import random
 import re
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 import nki_autotune.kernels as nk
+from nki_autotune.kernels._indexed import BLOCKS, SERIAL, SORTED, scatter_add
 from nki_autotune.registry import explain, get_op
 
 from .helpers import as64, float32_floor, rel_err, run_with_grads
@@ -327,6 +329,18 @@ def test_segment_sum_empty_segments_and_repeated_indices(switches):
     for impl_cfg in get_op("segment_sum").impls["cpu_scatter"].configs():  # every scatter strategy
         cfg = tuple(impl_cfg.values())
         torch.testing.assert_close(get_op("segment_sum").impls["cpu_scatter"].fwd_op(src, index, 7, *cfg), expect)
+
+
+@pytest.mark.parametrize("mode", [SERIAL, BLOCKS, SORTED])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_scatter_into_no_rows_writes_nothing(mode, threads):
+    """A segment sum into no segments checks no index (as index_add_), so the scatter gets indices past its empty
+    output. numba types an empty array as C-contiguous and places ``out[i, j]`` by the shape, not the strides: rows
+    0..3 of an empty [0, 5] output were written after its memory (here the buffer it views; in a segment sum, past
+    a heap block of 24 bytes, and glibc aborted a later allocation of the process)."""
+    buf = np.full((4, 5), 7.0, np.float32)
+    scatter_add(np.ones((4, 5), np.float32), np.array([0, 1, 1, 3]), buf[:0], mode, threads)
+    assert (buf == 7.0).all()
 
 
 @pytest.mark.parametrize("name, call, error, message", [
