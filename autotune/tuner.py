@@ -184,8 +184,7 @@ class Tuner:
         why = cal.get("disturbed") or against_reference(cal, self.reference)
         if why:
             cal["disturbed"] = why
-        if self.reference is not None:
-            cal["reference_us"] = self.reference
+        cal["reference_us"] = self.reference  # None: no quiet reference stored yet; judged either way
         if quiet(cal):
             self.reference = self.search.offer_calibration(cal["us"], self.reference)
         return final
@@ -209,7 +208,8 @@ class Tuner:
         final = self.search.final(key, impl, best.config, work, stop=self.over_budget)
         if final is None:
             return None
-        final = self._judged(dict(final))  # one stored by an earlier run, against the reference now in force
+        if "reference_us" not in (final.get("calibration") or {}):  # stored by a run before references: judge it
+            final = self._judged(dict(final))  # (one judged when stored is the same for every worker that reads it)
         if "error" in final and "speedup" not in final:
             return Candidate(impl.name, dict(best.config), {
                 "rel_err": best.info.get("rel_err"), "tolerance": best.info.get("tolerance"),

@@ -38,6 +38,7 @@ from .._cpu import (
     empty,
     exp32,
     f32,
+    fit_threads,
     fmax32,
     helper,
     kernel,
@@ -345,10 +346,19 @@ def constraint(config: dict, key: Key) -> bool:
             and config["block_q"] <= max(BLOCKS_Q[0], q[2]) and config["block_k"] <= max(BLOCKS_K[0], k[2]))
 
 
+SERIAL_BELOW = 32_768
+"""Elements of q below which the default config (what ``on`` runs where no table names a config) uses one
+thread: from this size up a second thread paid in both modes, on this project's 2-core machine, quiet
+(``.venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``;
+one / two threads, medians of 15 interleaved rounds; at 32768 elements
+(1 x 4 x 128 x 64, causal): forward 271.7 / 168.3 us, forward+backward 1299.3 / 847.4 us)."""
+
+
 CPU_FLASH = register_impl(Impl(
     op=ATTENTION, name="cpu_flash", backend="cpu", forward=forward, backward=backward, fake=fake, supports=supports,
     space={"threads": thread_choices(), "block_q": BLOCKS_Q, "block_k": BLOCKS_K},
     default={"threads": max_threads(), "block_q": 64, "block_k": 128}, constraint=constraint, saved=1,
+    fit=fit_threads(SERIAL_BELOW),
     reads={"q": ("q", "k", "v", "mask", "result_0", "result_1"), "k": ("q", "k", "v", "mask", "result_0", "result_1"),
            "v": ("q", "k", "v", "mask", "result_0", "result_1"), "mask": ()},
 ))

@@ -47,12 +47,11 @@ def constraint(config: dict, key: Key) -> bool:
     return not (config["threads"] == 1 and config["scatter"] == BLOCKS)  # that is the serial scatter
 
 
-SERIAL_BELOW = 32_768
+SERIAL_BELOW = 8_192
 """Elements of ids below which the default config (what ``on`` runs where no table names a config) uses one
-thread: a second thread did not pay at any size up to it, on this project's 2-core machine while shared with other
-work (``.venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``;
-one / two threads, medians of 15 interleaved rounds; the largest size of its ladder:
-32768 ids (of a 512 x 64 table): forward 622 / 796 us, forward+backward 4772 / 7072 us)."""
+thread: from this size up a second thread paid in both modes, on this project's 2-core machine, quiet
+(``.venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``; one / two threads, medians of 15
+interleaved rounds; at 8192 ids of a 512 x 64 table: forward 60.0 / 43.9 us, forward+backward 848.9 / 765.1 us)."""
 
 
 CPU_GATHER = register_impl(Impl(

@@ -48,4 +48,11 @@ def backward(grads, tensors, results, attrs, config, needs):
     return gated_backward(_KERNELS, grads, tensors, config)
 
 
-CPU_FUSED = gated_impl(GEGLU, forward, backward, fake)
+SERIAL_BELOW = 32_768
+"""Elements of gate below which the default config (what ``on`` runs where no table names a config) uses one
+thread: from this size up a second thread paid in both modes, on this project's 2-core machine, quiet
+(``.venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``; one / two threads, medians of 15
+interleaved rounds; at 32768 elements (128 x 256): forward 29.7 / 24.7 us, forward+backward 108.8 / 100.2 us). Its
+tanh makes each element dearer than SwiGLU's, whose second thread paid at no size up to 2097152."""
+
+CPU_FUSED = gated_impl(GEGLU, forward, backward, fake, serial_below=SERIAL_BELOW)

@@ -25,6 +25,7 @@ from .._cpu import (
     array,
     exp32,
     finite32,
+    fit_threads,
     helper,
     kernel,
     launch,
@@ -182,9 +183,18 @@ def constraint(config: dict, key: Key) -> bool:
         (chunk in (min(CHUNKS), CPU_DEFAULT["chunk"]) or chunk // 2 < n)
 
 
+SERIAL_BELOW = 8_192
+"""Elements of hidden below which the default config (what ``on`` runs where no table names a config) uses one
+thread: from this size up a second thread paid in both modes, on this project's 2-core machine, quiet
+(``.venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``;
+one / two threads, medians of 15 interleaved rounds; at 8192 elements
+(128 x 64 tokens, 256 classes): forward 183.0 / 168.3 us, forward+backward 316.6 / 301.0 us)."""
+
+
 CPU_CHUNKS = register_impl(Impl(
     op=LINEAR_CROSS_ENTROPY, name="cpu_chunks", backend="cpu", forward=forward, backward=backward, fake=fake,
     supports=supports, space={"threads": thread_choices(), "chunk": CHUNKS},
     default=CPU_DEFAULT, constraint=constraint, forward_needs=True, saved=3,
+    fit=fit_threads(SERIAL_BELOW),
     reads={"hidden": ("result_1",), "weight": ("result_2",), "bias": ("result_3",)},
 ))

@@ -240,12 +240,12 @@ def constraint(config: dict, key: Key) -> bool:
     return config["threads"] == 1 or tasks >= config["threads"]
 
 
-SERIAL_BELOW = 2_097_152
+SERIAL_BELOW = 524_288
 """Elements of q below which the default config (what ``on`` runs where no table names a config) uses one
-thread: a second thread did not pay at any size up to it, on this project's 2-core machine while shared with other
-work (``.venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``;
-one / two threads, medians of 15 interleaved rounds; the largest size of its ladder:
-2097152 elements (1 x 4 x 8192 x 64): forward 10454 / 11806 us, forward+backward 57240 / 50805 us)."""
+thread: from this size up a second thread paid in both modes, on this project's 2-core machine, quiet
+(``.venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``; one / two threads, medians of 15
+interleaved rounds; at 524288 elements (1 x 4 x 2048 x 64): forward 956.1 / 617.3 us, forward+backward
+7474.9 / 6269.0 us)."""
 
 
 CPU_POSITIONS = register_impl(Impl(
