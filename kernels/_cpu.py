@@ -221,6 +221,14 @@ def tanh32(x):
     return small if ax < np.float32(0.625) else big
 
 
+@helper(FASTMATH)
+def cap_into(xs, cap, ys):
+    """ys = cap * tanh(xs / cap) in float32 (the softcap of Gemma 2 and 3's logits); ys may be xs."""
+    inv = np.float32(1.0) / cap
+    for j in range(xs.shape[0]):
+        ys[j] = cap * tanh32(f32(xs[j]) * inv)
+
+
 PART = 512
 """Columns per step of the one-pass max and sum (2 KiB of float32): a part's max and its exponentials are taken
 while it sits in L1, so a row longer than the caches is read from memory once, and the next parts stream in while
