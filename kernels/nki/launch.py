@@ -46,6 +46,22 @@ def run(kernel: Any, device: torch.device) -> Callable[..., Any]:
     return nki.simulate(kernel if g is None else kernel[g[0]])
 
 
+def strided_rows(x: torch.Tensor) -> tuple[torch.Tensor, tuple[tuple[int, int], ...]]:
+    """x (its last dim contiguous) as the kernels read it in place: the span of its memory as one flat tensor (a
+    view: no copy), and its leading dims as (size, stride) pairs, collapsed where one stride spans two dims and
+    without dims of size 1 (a contiguous x: one pair, (rows, width)); ``tiles.strided_row_tiles`` walks them."""
+    lead: list[tuple[int, int]] = []
+    for n, s in zip(x.shape[:-1], x.stride()[:-1]):
+        if n == 1:
+            continue
+        if lead and lead[-1][1] == s * n:
+            lead[-1] = (lead[-1][0] * n, s)
+        else:
+            lead.append((n, s))
+    span = 1 + sum((n - 1) * s for n, s in zip(x.shape, x.stride())) if x.numel() else 0
+    return x.detach().as_strided((span,), (1,)), tuple(lead) or ((1, x.shape[-1]),)
+
+
 def int32_column(index: torch.Tensor) -> torch.Tensor:
     """Integer indices as the [n, 1] int32 column the kernels read; values beyond int32 saturate, so an index out
     of a table stays out of it (and the kernel's bounds check rejects it) instead of wrapping into range."""
