@@ -54,10 +54,10 @@ SITES = {"llama": {"rmsnorm": 5, "swiglu": 2, "geglu": 0, **_BOTH},
          "gemma": {"rmsnorm": 5, "swiglu": 0, "geglu": 2, **_BOTH},
          "gemma2": {"rmsnorm": 9, "swiglu": 0, "geglu": 2, **_BOTH},
          "gemma3_text": {"rmsnorm": 13, "swiglu": 0, "geglu": 2, **_BOTH}}
-DECLINED = {"gemma3_text": {"rmsnorm": 4}, "gemma2": {"attention": 2}}
-"""Patched sites whose calls take the compiler path: Gemma 3 normalises q and k per head after transposing them to
-[batch, heads, seq, dim], whose rows do not collapse into one row axis without a copy (the kernels decline them);
-Gemma 2 caps its attention scores (``attn_logit_softcapping``), which its attention runs as transformers writes it."""
+DECLINED = {"gemma2": {"attention": 2}}
+"""Patched sites whose calls take the compiler path: Gemma 2 caps its attention scores (``attn_logit_softcapping``),
+which its attention runs as transformers writes it. (Gemma 3's per-head q/k norms, on [batch, heads, seq, dim] views
+of [batch, seq, heads, dim], run the kernel: it reads their rows in place.)"""
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
