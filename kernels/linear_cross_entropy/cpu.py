@@ -197,4 +197,5 @@ CPU_CHUNKS = register_impl(Impl(
     default=CPU_DEFAULT, constraint=constraint, forward_needs=True, saved=3,
     fit=fit_threads(SERIAL_BELOW),
     reads={"hidden": ("result_1",), "weight": ("result_2",), "bias": ("result_3",)},
+    scaled={"hidden": "result_1", "weight": "result_2", "bias": "result_3"},
 ))
