@@ -267,3 +267,17 @@ def test_a_second_backward_of_a_scaled_loss_raises_not_misleads(gen):
     (loss * 3).backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         (loss * 3).backward()
+
+
+def test_the_default_chunk_keeps_its_logits_within_the_budget():
+    """``fit``: at a 128256-token vocabulary the default config's chunk is 128 tokens (63 MiB of logits), at 32000
+    the default's 256."""
+    from nki_autotune.kernels.linear_cross_entropy.cpu import LOGITS_BUDGET
+
+    from .helpers import key_of
+
+    for v, chunk in ((128256, 128), (32000, 256), (10**7, 64)):
+        key = key_of("linear_cross_entropy", "training",
+                     [((2048, 512), "float32"), ((v, 512), "float32"), ((2048,), "int64"), None])
+        got = CPU.default_at(key)["chunk"]
+        assert got == chunk and (got * v * 4 <= LOGITS_BUDGET or got == 64), (v, got)
