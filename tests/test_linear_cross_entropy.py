@@ -270,13 +270,13 @@ def test_a_second_backward_of_a_scaled_loss_raises_not_misleads(gen):
 
 
 def test_the_default_chunk_keeps_its_logits_within_the_budget():
-    """``fit``: at a 128256-token vocabulary the default config's chunk is 128 tokens (63 MiB of logits), at 32000
-    the default's 256."""
+    """``fit``: at a 128256-token vocabulary the default config's chunk is 245 tokens (within 120 MiB of logits),
+    at 32000 the default's 256, and never below 64."""
     from nki_autotune.kernels.linear_cross_entropy.cpu import LOGITS_BUDGET
 
     from .helpers import key_of
 
-    for v, chunk in ((128256, 128), (32000, 256), (10**7, 64)):
+    for v, chunk in ((128256, 245), (32000, 256), (10**7, 64)):
         key = key_of("linear_cross_entropy", "training",
                      [((2048, 512), "float32"), ((v, 512), "float32"), ((2048,), "int64"), None])
         got = CPU.default_at(key)["chunk"]
