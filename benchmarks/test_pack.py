@@ -72,6 +72,8 @@ CASES = [
      lambda s: F32 * _n(s[0]), lambda s: 3 * F32 * _n(s[0])),
     ("cross_entropy", [((2048, 32000), "float32"), ((2048,), "int64")], CE_ATTRS, {},
      lambda s: F32 * _n(s[0]), lambda s: 3 * F32 * _n(s[0])),
+    ("cross_entropy", [((1024, 32000), "float32"), ((1024,), "int64")], [*CE_ATTRS, ("softcap", 30.0)], {},
+     lambda s: F32 * _n(s[0]), lambda s: 3 * F32 * _n(s[0])),  # Gemma 2 and 3's capped logits
     ("embedding", [((4, 256), "int64"), ((32000, 256), "float32")], [("padding_idx", 0)], {"dist": "zipf"},
      lambda s: I64 * _n(s[0]) + 2 * F32 * _n(s[0]) * s[1][1],
      lambda s: I64 * _n(s[0]) + 3 * F32 * _n(s[0]) * s[1][1] + F32 * _n(s[1])),
@@ -91,9 +93,9 @@ CASES = [
 
 
 def _label(case):
-    op, inputs, _, opts, _, _ = case
+    op, inputs, attrs, opts, _, _ = case
     shapes = "/".join("x".join(map(str, i[0])) + (" (HF view)" if len(i) > 2 and i[2] else "") for i in inputs)
-    extra = "".join(f" {k}={v}" for k, v in opts.items())
+    extra = "".join(f" {k}={v}" for k, v in [*(a for a in attrs if a[0] == "softcap"), *opts.items()])
     return f"{op} {shapes}{extra}"
 
 

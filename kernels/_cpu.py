@@ -221,6 +221,14 @@ def tanh32(x):
     return small if ax < np.float32(0.625) else big
 
 
+@helper(FASTMATH)
+def cap_into(xs, cap, ys):
+    """ys = cap * tanh(xs / cap) in float32 (the softcap of Gemma 2 and 3's logits); ys may be xs."""
+    inv = np.float32(1.0) / cap
+    for j in range(xs.shape[0]):
+        ys[j] = cap * tanh32(f32(xs[j]) * inv)
+
+
 PART = 512
 """Columns per step of the one-pass max and sum (2 KiB of float32): a part's max and its exponentials are taken
 while it sits in L1, so a row longer than the caches is read from memory once, and the next parts stream in while
@@ -311,6 +319,32 @@ def as_rows(t: torch.Tensor) -> np.ndarray:
     if a.ndim == 2:
         return a
     return a.reshape(math.prod(t.shape[:-1]), t.shape[-1] if t.dim() else 1)
+
+
+def rows_of(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None]:
+    """``t``'s rows (its last dim contiguous) as kernels read them through ``row``: ``as_rows(t)`` and None where the
+    leading dims collapse into one row axis (``rows_view``); else, with no copy, the span of ``t``'s memory as one
+    flat array and each row's start in it, rows in ``t``'s row-major order (Hugging Face's per-head q/k,
+    ``view(b, s, h, d).transpose(1, 2)``)."""
+    if t.numel() == 0 or rows_view(tuple(t.shape), tuple(t.stride())):
+        return as_rows(t), None
+    starts = np.zeros(1, np.int64)
+    for n, s in zip(t.shape[:-1], t.stride()[:-1]):
+        starts = (starts[:, None] + np.arange(n, dtype=np.int64) * s).reshape(-1)
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return array(t.detach().as_strided((span,), (1,))), starts
+
+
+def row(a, starts, r, d):
+    """Row ``r`` (of ``d`` elements) of rows from ``rows_of``: ``a[r]``, or the ``d`` elements from ``starts[r]``."""
+    raise NotImplementedError("row runs only inside numba kernels")
+
+
+@overload(row, inline="always", jit_options=_OPTS)
+def _row(a, starts, r, d):
+    if isinstance(starts, nbtypes.NoneType):
+        return lambda a, starts, r, d: a[r]
+    return lambda a, starts, r, d: a[starts[r]:starts[r] + d]
 
 
 def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -18,6 +18,12 @@ at import. What each worker has of its own and what the workers share:
   for real holds it as a user's run does, so the two workers never time at the same moment. The other worker's
   compiling still loads the machine, and the tuner's calibration says so (DISTURBED): end-to-end tests accept
   that verdict where it is the truth; tests of the tuner's logic inject a clock and a load meter (``fakes.py``).
+- The cores: each worker's PyTorch (its OpenMP runtime, ``OMP_NUM_THREADS``) gets its share of them, one on two
+  cores with two workers, and so do the commands its tests start. Two workers each running PyTorch's default of
+  one thread per core oversubscribe the machine, and the eager steps of a tiny model, hundreds of parallel regions
+  of microseconds each, then wait on threads the other worker's threads hold: 20 AdamW steps of a tiny Llama took
+  13-44 s on two loaded cores, 0.3 s on one thread. numba's thread count (``NUMBA_NUM_THREADS``) is left alone, so
+  the kernels' two-thread configs are still tested.
 - Fixtures of module scope or wider defined in the tests (``test_cli.py``'s tuned run, ``test_workers.py``'s
   PostgreSQL server): every test using one runs on the same worker (``xdist_group``), so its setup is paid once.
   Function-scoped state (``tmp_path``, ``monkeypatch``, the ``switches`` fixture) is per test and per worker.
@@ -85,6 +91,14 @@ def share_numba_compiles() -> None:
     Dispatcher.compile = compile
 
 
+def share_the_cores() -> None:
+    """``OMP_NUM_THREADS`` in an xdist worker: its share of the machine's cores, unless the caller set it."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+
+
+share_the_cores()
 share_numba_compiles()
 
 _WIDE = ("class", "module", "package", "session")

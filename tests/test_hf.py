@@ -54,10 +54,10 @@ SITES = {"llama": {"rmsnorm": 5, "swiglu": 2, "geglu": 0, **_BOTH},
          "gemma": {"rmsnorm": 5, "swiglu": 0, "geglu": 2, **_BOTH},
          "gemma2": {"rmsnorm": 9, "swiglu": 0, "geglu": 2, **_BOTH},
          "gemma3_text": {"rmsnorm": 13, "swiglu": 0, "geglu": 2, **_BOTH}}
-DECLINED = {"gemma3_text": {"rmsnorm": 4}, "gemma2": {"attention": 2}}
-"""Patched sites whose calls take the compiler path: Gemma 3 normalises q and k per head after transposing them to
-[batch, heads, seq, dim], whose rows do not collapse into one row axis without a copy (the kernels decline them);
-Gemma 2 caps its attention scores (``attn_logit_softcapping``), which its attention runs as transformers writes it."""
+DECLINED = {"gemma2": {"attention": 2}}
+"""Patched sites whose calls take the compiler path: Gemma 2 caps its attention scores (``attn_logit_softcapping``),
+which its attention runs as transformers writes it. (Gemma 3's per-head q/k norms, on [batch, heads, seq, dim] views
+of [batch, seq, heads, dim], run the kernel: it reads their rows in place.)"""
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
@@ -568,3 +568,27 @@ def test_a_copy_of_a_patched_model_is_patched_and_routes_its_rotary_embedding(ho
         got = run(twin, inputs)
     assert len(calls) == 2  # both attentions of the copy
     assert torch.equal(got[1], want[1]) and all(torch.equal(got[2][n], want[2][n]) for n in want[2])
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text"])
+def test_capped_logits_run_the_cross_entropy_kernel_without_the_fused_head(family, switches):
+    """Gemma 2 and 3 patched with ``linear_cross_entropy=False``: the model caps its logits
+    (``final_logit_softcapping``) and its loss runs nk.cross_entropy's kernel, forward and backward, in one compiled
+    graph; loss and every parameter's gradient as the unpatched model's."""
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    ref = build(family)
+    assert ref.config.final_logit_softcapping
+    model = copy.deepcopy(ref)
+    assert hf.patch(model, linear_cross_entropy=False)["cross_entropy"] == 1
+    graphs = Graphs()
+    step = torch.compile(model, backend=graphs, fullgraph=True, dynamic=False)
+    inputs = batch(12)
+    logits, loss, grads = run(step, inputs)
+    want_logits, want_loss, want = run(ref, inputs)
+    assert counters["graph_break"] == {} and len(graphs.forward) == 1 and len(graphs.backward) == 1
+    impl = cpu_impl("cross_entropy")
+    fwd = [str(n.target) for n in graphs.forward[0].graph.nodes if n.op == "call_function"]
+    assert fwd.count(str(impl.kernel_op)) == 1
+    assert str(impl.bwd_op) in targets(graphs.backward[0])
+    assert rel_err(logits, want_logits) <= 1e-5 and rel_err(loss, want_loss) <= 1e-5
+    assert len(grads) == len(want) and all(rel_err(g, w) <= 1e-5 for g, w in zip(grads.values(), want.values()))

@@ -13,7 +13,7 @@ import torch
 from nki_autotune.autotune.numerics import check_impl
 from nki_autotune.kernels.nki import REAL
 from nki_autotune.kernels.nki.interp import NkiError
-from nki_autotune.registry import Key, ops
+from nki_autotune.registry import Key, TensorSpec, ops
 
 from .helpers import key_of
 from .parallel import SEED
@@ -117,3 +117,25 @@ def test_nki_cross_entropy_checks_targets_in_the_kernel_and_skips_ignored_rows()
     for bad in (700, -3):
         with pytest.raises(NkiError, match="outside .*oob_mode=error"):
             ce.fwd_op(x, torch.tensor([5, bad, 0]), -100, "mean", None, 128, 512)
+
+
+GATED_LAYOUTS = {  # gate's and up's strides at shape [3, 40, 48] (None: contiguous)
+    "fused-halves": ((40 * 96, 96, 1), (40 * 96, 96, 1)),  # Phi-3's gate_up_proj(x).chunk(2, dim=-1)
+    "one-half": (None, (40 * 96, 96, 1)),
+    "transposed": ((48, 3 * 48, 1), None),  # leading dims that no single stride spans
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("layout", GATED_LAYOUTS)
+@pytest.mark.parametrize("name", ["swiglu", "geglu"])
+def test_gated_ops_read_gate_and_up_in_place_in_any_row_layout(target, name, layout, dtype):
+    """gate and up in the layouts models pass (rows strided, or leading dims that do not collapse) are read through
+    access patterns, no copy; forward and backward against float64, tiles of 32 rows (40 per group: a short one)."""
+    impl = ops()[name].impls["nki_tiled"]
+    specs = tuple(TensorSpec((3, 40, 48), dtype, strides, requires_grad=True) for strides in GATED_LAYOUTS[layout])
+    assert impl.supports(specs, {}) is None
+    key = Key.of(impl.op, specs, {}, "training")
+    for cfg in (dict(impl.default), {"rows_per_tile": 32, "cols": 512}):
+        res = check_impl(impl, key, cfg, torch.Generator().manual_seed(SEED))
+        assert res.ok, (layout, cfg, res)

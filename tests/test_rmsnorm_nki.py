@@ -62,7 +62,7 @@ def test_supports_declines_what_it_cannot_do(monkeypatch):
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
     spec = TensorSpec
     assert NKI_TILED.supports((spec((4, 64), "float64"), spec((64,), "float64")), {}).startswith("dtypes")
-    assert "non-contiguous" in NKI_TILED.supports((spec((4, 64), "float32", (1, 4)), spec((64,), "float32")), {})
+    assert "not contiguous" in NKI_TILED.supports((spec((4, 64), "float32", (1, 4)), spec((64,), "float32")), {})
     assert "do not fit the SBUF of trn2" in NKI_TILED.supports((spec((4, 9000), "float32"), spec((9000,), "float32")),
                                                                {})
     assert NKI_TILED.supports((spec((4, 64), "bfloat16"), spec((64,), "bfloat16")), {}) is None
@@ -86,3 +86,27 @@ def test_offset_and_no_weight_match_float64(target, weight, offset, dtype):
     k = Key.of(RMSNORM, specs, {"eps": 1e-6, "offset": offset}, "training")
     res = check_impl(NKI_TILED, k, dict(NKI_TILED.default), torch.Generator().manual_seed(3))
     assert res.ok, res
+
+
+STRIDED_ROWS = {  # (shape, strides) of x: its rows contiguous, its leading dims in other layouts
+    "hf-heads": ((2, 3, 130, 24), (130 * 3 * 24, 24, 3 * 24, 1)),  # view(b, s, h, d).transpose(1, 2)
+    "fused-heads": ((2, 2, 5, 16), (5 * 96, 16, 96, 1)),  # the q third of a fused qkv projection, per head
+    "row-slice": ((140, 40), (100, 1)),  # a slice of wider rows
+    "transposed-3d": ((6, 4, 32), (32, 6 * 32, 1)),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("offset", [0.0, 1.0], ids=["llama", "gemma"])
+@pytest.mark.parametrize("layout", STRIDED_ROWS)
+def test_rows_in_other_layouts_are_read_in_place(target, layout, offset, dtype):
+    """x read through an access pattern per tile, whatever its leading dims' strides (Gemma 3's per-head q/k
+    norms), forward and backward against float64; tiles of 32 rows cross no head (130 positions: a short tile)."""
+    shape, strides = STRIDED_ROWS[layout]
+    specs = (TensorSpec(shape, dtype, strides, requires_grad=True), TensorSpec(shape[-1:], dtype, requires_grad=True))
+    assert NKI_TILED.supports(specs, {}) is None
+    k = Key.of(RMSNORM, specs, {"eps": 1e-6, "offset": offset}, "training")
+    assert k.inputs[0].strides == strides
+    for cfg in (dict(NKI_TILED.default), {"rows_per_tile": 32, "chunk": 128, "dw_in_psum": 1}):
+        res = check_impl(NKI_TILED, k, cfg, torch.Generator().manual_seed(5))
+        assert res.ok, (cfg, res)

@@ -9,7 +9,9 @@ The target's own exponential is kept out of the sum: the loss is then softplus(l
 the target's gradient -rest, both exact even when the target's probability rounds to 1.
 float32 or bfloat16 logits (computed in float32, the loss summed in float64). An ignored row adds nothing to
 the loss, and its gradient is 0, or nan where its log-softmax is nan (a nan, +inf or all -inf row), as
-PyTorch's log-softmax backward gives.
+PyTorch's log-softmax backward gives. With ``softcap`` each row is capped into a float32 row first
+(``_cpu.cap_into``: cap * tanh(x / cap)) and the backward recomputes the cap as it writes the gradient, times the
+cap's derivative 1 - tanh(x / cap)^2.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .._cpu import (
     FASTMATH,
     FLOATS,
     array,
+    cap_into,
     cast_to,
     empty,
     exp32,
@@ -37,23 +40,35 @@ from .._cpu import (
     out_of_range,
     require,
     softplus64,
+    tanh32,
     thread_choices,
 )
 from .op import CROSS_ENTROPY, fake, shape_problem
 
 
-def _forward_body(x, target, ignore, online, losses, rows):
+@helper(FASTMATH)
+def _row_loss(x, r, t, ignore, online, losses, rows, i):
+    """Row r of x into row i's loss (0 where ignored), max and 1 / sum of exps."""
+    m, rest = max_sumexp(x, r, online, -1 if t == ignore else t)  # the sum without the target's own term
+    rows[i, 0] = m
+    if t == ignore:
+        rows[i, 1] = np.float32(1.0) / rest
+        losses[i] = 0.0
+        return
+    d = f32(x[r, t]) - m  # <= 0
+    rows[i, 1] = np.float32(1.0) / (rest + exp32(d))
+    losses[i] = softplus64(np.log(np.float64(rest)) - d)  # = lse - x_t, with no cancellation
+
+
+def _forward_body(x, target, ignore, online, cap, losses, rows):
+    v = x.shape[1]
     for r in prange(x.shape[0]):
-        t = target[r]
-        m, rest = max_sumexp(x, r, online, -1 if t == ignore else t)  # the sum without the target's own term
-        rows[r, 0] = m
-        if t == ignore:
-            rows[r, 1] = np.float32(1.0) / rest
-            losses[r] = 0.0
-            continue
-        d = f32(x[r, t]) - m  # <= 0
-        rows[r, 1] = np.float32(1.0) / (rest + exp32(d))
-        losses[r] = softplus64(np.log(np.float64(rest)) - d)  # = lse - x_t, with no cancellation
+        if cap > 0:  # the row capped into float32 first
+            y = np.empty((1, v), np.float32)
+            cap_into(x[r], cap, y[0])
+            _row_loss(y, 0, target[r], ignore, online, losses, rows, r)
+        else:
+            _row_loss(x, r, target[r], ignore, online, losses, rows, r)
 
 
 @helper(FASTMATH)
@@ -67,7 +82,22 @@ def _write_probs(xs, m, inv, scale, ds):
     return s
 
 
-def _backward_body(x, target, ignore, rows, scale, dx):
+@helper(FASTMATH)
+def _write_capped_probs(xs, m, inv, scale, cap, ds):
+    """As ``_write_probs`` of the capped logits y = cap * tanh(xs / cap) (as ``cap_into`` makes them), times
+    the cap's derivative 1 - tanh(xs / cap)^2: taken from the tanh itself, so exactly 0 where it saturates, as
+    PyTorch's tanh backward gives (1 - (y / cap)^2 would leave a rounding error there)."""
+    s = np.float32(0.0)
+    icap = np.float32(1.0) / cap
+    for j in range(xs.shape[0]):
+        u = tanh32(f32(xs[j]) * icap)
+        p = exp32(cap * u - m) * inv
+        ds[j] = cast_to(ds, p * scale * (np.float32(1.0) - u * u))
+        s += p
+    return s
+
+
+def _backward_body(x, target, ignore, rows, scale, cap, dx):
     n, v = x.shape
     for r in prange(n):
         t = target[r]
@@ -79,10 +109,17 @@ def _backward_body(x, target, ignore, rows, scale, dx):
             continue
         # 1 - p_target, summed from the other columns rather than cancelled; PyTorch's (p_t - 1) * scale is
         # nan where the scale is inf or nan, or the row's log-sum-exp is
-        rest = (_write_probs(x[r, :t], m, inv, scale, dx[r, :t])
-                + _write_probs(x[r, t + 1:], m, inv, scale, dx[r, t + 1:]))
+        if cap > 0:
+            rest = (_write_capped_probs(x[r, :t], m, inv, scale, cap, dx[r, :t])
+                    + _write_capped_probs(x[r, t + 1:], m, inv, scale, cap, dx[r, t + 1:]))
+            u = tanh32(f32(x[r, t]) * (np.float32(1.0) / cap))
+            slope = np.float32(1.0) - u * u
+        else:
+            rest = (_write_probs(x[r, :t], m, inv, scale, dx[r, :t])
+                    + _write_probs(x[r, t + 1:], m, inv, scale, dx[r, t + 1:]))
+            slope = np.float32(1.0)
         exact = finite32(scale) and finite32(m) and finite32(inv)
-        dx[r, t] = cast_to(dx, -rest * scale if exact else np.float32(np.nan))
+        dx[r, t] = cast_to(dx, -rest * scale * slope if exact else np.float32(np.nan))
 
 
 _forward = kernel(_forward_body)
@@ -102,8 +139,13 @@ def forward(tensors, attrs, config):
     _check(t, x.shape[1], ignore)
     losses = np.empty(x.shape[0], np.float64)
     rows = torch.empty((x.shape[0], 2), dtype=torch.float32)
-    launch(_forward, config["threads"], array(x), t, ignore, config["online"], losses, rows.numpy())
+    launch(_forward, config["threads"], array(x), t, ignore, config["online"], _cap(attrs), losses, rows.numpy())
     return torch.tensor(losses.sum() * _weight(t, attrs), dtype=x.dtype), rows
+
+
+def _cap(attrs: dict) -> np.float32:
+    """The kernels' cap: 0 for none."""
+    return np.float32(0.0 if attrs["softcap"] is None else attrs["softcap"])
 
 
 def fake_rows(tensors: tuple, attrs: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,14 +169,12 @@ def backward(grads, tensors, results, attrs, config, needs):
     dx = empty(x.shape, x.dtype)
     scale = float(g) * _weight(t, attrs)
     launch(_backward, config["threads"], array(x), t, attrs["ignore_index"], array(rows), np.float32(scale),
-           array(dx))
+           _cap(attrs), array(dx))
     return (dx,)
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     """Logits in any layout; int64 targets (PyTorch takes no other class indices)."""
-    if attrs["softcap"] is not None:
-        return "softcap (capped logits: linear_cross_entropy's kernels cap them; here the compiler path)"
     return shape_problem(specs, attrs) or require(specs, {0: FLOATS, 1: ("int64",)}, contiguous=False)
 
 

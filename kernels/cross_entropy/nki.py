@@ -1,7 +1,8 @@
 """Cross-entropy in NKI: rows on partitions, the vocabulary in chunks with an online log-sum-exp (running
 max, exp(m_old - m_new) correction) that leaves the target's own term out, the target logit picked by an
 equal mask on the fly. Only the per-row loss, lse and 1 - p_target leave the chip; backward writes
-exp(logit - lse) off the target and -(1 - p_target) on it, scaled, chunk by chunk.
+exp(logit - lse) off the target and -(1 - p_target) on it, scaled, chunk by chunk. With ``softcap`` each chunk is
+capped on ScalarE (``tanh``) as it arrives, in both passes, and the gradient taken times the cap's derivative.
 
 NKI 0.7 unrolls Python loops at specialization (docs: nki/deep-dives/nki-loops.rst), so the full chunks of a row
 tile run as one ``nl.fori_loop`` (2048 x 32000 would otherwise unroll about a thousand chunk bodies): the chunk's
@@ -49,6 +50,32 @@ def _columns(p, chunk):
     cols = nl.ndarray((p, chunk), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=cols, src=io)
     return cols
+
+
+def softcap(dst, src, n, w, cap):
+    """dst[0:n, 0:w] = cap * tanh(src / cap) (ScalarE's tanh, then a multiply): Gemma 2 and 3's capped logits."""
+    nisa.activation(dst=dst[0:n, 0:w], op=nl.tanh, data=src[0:n, 0:w], scale=1.0 / cap)
+    nisa.tensor_scalar(dst=dst[0:n, 0:w], data=dst[0:n, 0:w], op0=nl.multiply, operand0=float(cap))
+
+
+def times_cap_slope(e, y, n, w, cap, p, width):
+    """e[0:n, 0:w] *= d(cap * tanh(z / cap))/dz = 1 - (y / cap)^2 at the capped logits y."""
+    slope = nl.ndarray((p, width), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=slope[0:n, 0:w], data1=y[0:n, 0:w], data2=y[0:n, 0:w], op=nl.multiply)
+    nisa.tensor_scalar(dst=slope[0:n, 0:w], data=slope[0:n, 0:w], op0=nl.multiply, operand0=-1.0 / cap ** 2,
+                       op1=nl.add, operand1=1.0)
+    nisa.tensor_tensor(dst=e[0:n, 0:w], data1=e[0:n, 0:w], data2=slope[0:n, 0:w], op=nl.multiply)
+
+
+def _load(logits, r0, n, c0, w, p, chunk, cap):
+    """A chunk of the row tile's logits in SBUF: as they are, or capped into float32 where ``cap`` is given."""
+    xt = nl.ndarray((p, chunk), dtype=logits.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=xt[0:n, 0:w], src=_cols(logits, r0, n, c0, w))
+    if cap is None:
+        return xt
+    y = nl.ndarray((p, chunk), dtype=nl.float32, buffer=nl.sbuf)
+    softcap(y, xt, n, w, cap)
+    return y
 
 
 def _targets(target, r0, n, p, ignore_index, table):
@@ -122,9 +149,9 @@ def finish(m, s, pick, valid, n, p):
 
 
 @nki.jit
-def cross_entropy_fwd(logits, target, ignore_index, rows_per_tile, chunk):
+def cross_entropy_fwd(logits, target, ignore_index, cap, rows_per_tile, chunk):
     """logits [N, V]; target [N, 1] int32 -> per-row loss [N, 1] (0 where ignored), lse [N, 1] and
-    rest [N, 1] = 1 - p_target, the target's gradient."""
+    rest [N, 1] = 1 - p_target, the target's gradient; of the logits capped first where ``cap`` is given."""
     n_rows, v = logits.shape
     p = rows_per_tile
     losses = nl.ndarray((n_rows, 1), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -144,9 +171,7 @@ def cross_entropy_fwd(logits, target, ignore_index, rows_per_tile, chunk):
         nisa.memset(dst=pick, value=0.0)
 
         def step(c0, w, r0=r0, n=n, ts=ts, m=m, s=s, pick=pick):
-            xt = nl.ndarray((p, chunk), dtype=logits.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=xt[0:n, 0:w], src=_cols(logits, r0, n, c0, w))
-            online_step(xt, n, w, p, chunk, cols, ts, m, s, pick)
+            online_step(_load(logits, r0, n, c0, w, p, chunk, cap), n, w, p, chunk, cols, ts, m, s, pick)
 
         _over_chunks(v, chunk, step)
         loss, lse, rest = finish(m, s, pick, valid, n, p)
@@ -157,8 +182,9 @@ def cross_entropy_fwd(logits, target, ignore_index, rows_per_tile, chunk):
 
 
 @nki.jit
-def cross_entropy_bwd(logits, target, lse, rest, weight, rows_per_tile, chunk):
-    """dlogits = (exp(logits - lse) off the target, -rest on it) * weight; weight [N, 1] is 0 for ignored rows."""
+def cross_entropy_bwd(logits, target, lse, rest, weight, cap, rows_per_tile, chunk):
+    """dlogits = (exp(logits - lse) off the target, -rest on it) * weight; weight [N, 1] is 0 for ignored rows.
+    Where ``cap`` is given, of the capped logits y, times the cap's derivative 1 - (y / cap)^2."""
     n_rows, v = logits.shape
     p = rows_per_tile
     dlogits = nl.ndarray((n_rows, v), dtype=logits.dtype, buffer=nl.shared_hbm)
@@ -176,8 +202,7 @@ def cross_entropy_bwd(logits, target, lse, rest, weight, rows_per_tile, chunk):
         nisa.dma_copy(dst=wt[0:n, :], src=weight[r0:r0 + n, :])
 
         def step(c0, w, r0=r0, n=n, ts=ts, neg=neg, negrest=negrest, wt=wt):
-            xt = nl.ndarray((p, chunk), dtype=logits.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=xt[0:n, 0:w], src=_cols(logits, r0, n, c0, w))
+            xt = _load(logits, r0, n, c0, w, p, chunk, cap)
             e = nl.ndarray((p, chunk), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=e[0:n, 0:w], op=nl.exp, data=xt[0:n, 0:w], bias=neg[0:n, :])
             mask = nl.ndarray((p, chunk), dtype=nl.float32, buffer=nl.sbuf)
@@ -187,6 +212,8 @@ def cross_entropy_bwd(logits, target, lse, rest, weight, rows_per_tile, chunk):
                                       reverse0=True, op1=nl.multiply, operand1=e[0:n, 0:w])
             nisa.scalar_tensor_tensor(dst=e[0:n, 0:w], data=mask[0:n, 0:w], op0=nl.multiply,
                                       operand0=negrest[0:n, :], op1=nl.add, operand1=e[0:n, 0:w])
+            if cap is not None:
+                times_cap_slope(e, xt, n, w, cap, p, chunk)
             g = nl.ndarray((p, chunk), dtype=logits.dtype, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=g[0:n, 0:w], data=e[0:n, 0:w], op0=nl.multiply, operand0=wt[0:n, :])
             nisa.dma_copy(dst=_cols(dlogits, r0, n, c0, w), src=g[0:n, 0:w])
@@ -199,19 +226,26 @@ def cross_entropy_bwd(logits, target, lse, rest, weight, rows_per_tile, chunk):
 def forward(tensors, attrs, config):
     x, target = tensors
     ignore = attrs["ignore_index"]
-    losses, lse, rest = run(cross_entropy_fwd, x.device)(x, int32_column(target), ignore, config["rows_per_tile"],
-                                                         config["chunk"])
+    losses, lse, rest = run(cross_entropy_fwd, x.device)(x, int32_column(target), ignore, attrs["softcap"],
+                                                         config["rows_per_tile"], config["chunk"])
     count = (target != ignore).sum()
     loss = losses.to(x.device).sum() / count  # 0/0 = nan when every target is ignored, as in PyTorch
     return loss.to(x.dtype), lse.reshape(-1).to(x.device), rest.reshape(-1).to(x.device)
 
 
+def weights(target, attrs, g):
+    """Each token's weight in the loss times the loss's gradient: 0 where ignored."""
+    valid = target != attrs["ignore_index"]
+    scale = g if attrs["reduction"] == "sum" else g / valid.sum()
+    return torch.where(valid, scale, torch.zeros((), dtype=torch.float32, device=target.device)).float()
+
+
 def backward(grads, tensors, results, attrs, config, needs):
     (g,), (x, target), (_, lse, rest) = grads, tensors, results
-    valid = (target != attrs["ignore_index"]).to(torch.float32)
-    weight = (valid * g / valid.sum()).reshape(-1, 1)
+    weight = weights(target, attrs, g.float()).reshape(-1, 1)
     dx = run(cross_entropy_bwd, x.device)(x, int32_column(target), lse.reshape(-1, 1),
-                                          rest.reshape(-1, 1), weight, config["rows_per_tile"], config["chunk"])
+                                          rest.reshape(-1, 1), weight, attrs["softcap"], config["rows_per_tile"],
+                                          config["chunk"])
     return (dx.to(x.device),)
 
 
@@ -222,8 +256,6 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     x, _ = specs
     if attrs["reduction"] != "mean":
         return f"reduction={attrs['reduction']!r} (this kernel takes the mean)"
-    if attrs["softcap"] is not None:
-        return "softcap (capped logits: linear_cross_entropy's kernels cap them; here the compiler path)"
     if x.shape[1] >= 1 << 24:
         return f"vocabulary {x.shape[1]} (targets are compared in float32: under 2^24)"
     if not -(2**31) <= attrs["ignore_index"] < 2**31:
@@ -235,7 +267,7 @@ def constraint(config: dict, key: Key) -> bool:
     shape = key.inputs[0].shape
     if config["chunk"] > max(min(CHUNK), shape[1]) or config["rows_per_tile"] > max(32, shape[0]):
         return False
-    return fits_sbuf(config["chunk"] * 4 * 4 + 64)
+    return fits_sbuf(config["chunk"] * 4 * (4 + 2 * (key.attr_dict.get("softcap") is not None)) + 64)
 
 
 def fake_with_rest(tensors: tuple, attrs: dict) -> tuple[torch.Tensor, ...]:

@@ -43,13 +43,13 @@ def _gelu_tanh_tiles(g, t, n, m):
 
 
 @nki.jit
-def geglu_fwd(gate, up, rows_per_tile, cols):
-    return gated_fwd(gate, up, rows_per_tile, cols, nl.gelu_apprx_tanh)
+def geglu_fwd(gate, glead, up, ulead, f, rows_per_tile, cols):
+    return gated_fwd(gate, glead, up, ulead, f, rows_per_tile, cols, nl.gelu_apprx_tanh)
 
 
 @nki.jit
-def geglu_bwd(dy, gate, up, rows_per_tile, cols):
-    return gated_bwd(dy, gate, up, rows_per_tile, cols, _gelu_tanh_tiles)
+def geglu_bwd(dy, gate, glead, up, ulead, rows_per_tile, cols):
+    return gated_bwd(dy, gate, glead, up, ulead, rows_per_tile, cols, _gelu_tanh_tiles)
 
 
 def forward(tensors, attrs, config):

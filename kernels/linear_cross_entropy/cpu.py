@@ -26,6 +26,7 @@ from .._cpu import (
     FASTMATH,
     FLOATS,
     array,
+    cap_into,
     exp32,
     finite32,
     fit_threads,
@@ -45,14 +46,6 @@ from .op import LINEAR_CROSS_ENTROPY, fake, shape_problem
 CHUNKS = (64, 128, 256, 512, 1024)
 CPU_DEFAULT = {"threads": max_threads(), "chunk": 256}
 """Tokens per chunk: the logits buffer holds chunk x V float32 (at V = 128256, 128 MiB for 256 tokens)."""
-
-
-@helper(FASTMATH)
-def _cap_row(row, cap):
-    """row = cap * tanh(row / cap), in place."""
-    inv = np.float32(1.0) / cap
-    for j in range(row.shape[0]):
-        row[j] = cap * np.float32(np.tanh(row[j] * inv))
 
 
 @helper(FASTMATH)
@@ -86,7 +79,7 @@ def _chunk_body(x, target, ignore, cap, scale, grad, losses):
     for r in prange(n):
         row = x[r]
         if cap > 0:
-            _cap_row(row, cap)
+            cap_into(row, cap, row)
         t = target[r]
         m, rest = max_sumexp(x, r, 1, -1 if t == ignore else t)  # the sum without the target's own term
         if t == ignore:

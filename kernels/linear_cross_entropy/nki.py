@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ..cross_entropy.nki import _columns, _targets, finish, online_step
+from ..cross_entropy.nki import _columns, _targets, finish, online_step, softcap, times_cap_slope, weights
 from ..nki import nisa, nki, nl
 from ..nki.launch import int32_column, run
 from ..nki.tiles import P_MAX, ROWS, fits_sbuf, indirect_problem, mine, tiles
@@ -60,8 +60,7 @@ def _logits(xts, wT, n, c0, w, width, cap):
     if cap is None:
         nisa.tensor_copy(dst=y[0:n, 0:w], src=ps[0:n, 0:w])
     else:
-        nisa.activation(dst=y[0:n, 0:w], op=nl.tanh, data=ps[0:n, 0:w], scale=1.0 / cap)
-        nisa.tensor_scalar(dst=y[0:n, 0:w], data=y[0:n, 0:w], op0=nl.multiply, operand0=float(cap))
+        softcap(y, ps, n, w, cap)
     return y
 
 
@@ -125,12 +124,8 @@ def _dlogits(y, n, v0, w, stats, cols, cap, p):
                               reverse0=True, op1=nl.multiply, operand1=e[0:n, 0:w])
     nisa.scalar_tensor_tensor(dst=e[0:n, 0:w], data=mask[0:n, 0:w], op0=nl.multiply, operand0=negrest[0:n, :],
                               op1=nl.add, operand1=e[0:n, 0:w])
-    if cap is not None:  # d(cap * tanh(z / cap))/dz = 1 - (y / cap)^2
-        slope = nl.ndarray((p, VB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=slope[0:n, 0:w], data1=y[0:n, 0:w], data2=y[0:n, 0:w], op=nl.multiply)
-        nisa.tensor_scalar(dst=slope[0:n, 0:w], data=slope[0:n, 0:w], op0=nl.multiply, operand0=-1.0 / cap ** 2,
-                           op1=nl.add, operand1=1.0)
-        nisa.tensor_tensor(dst=e[0:n, 0:w], data1=e[0:n, 0:w], data2=slope[0:n, 0:w], op=nl.multiply)
+    if cap is not None:
+        times_cap_slope(e, y, n, w, cap, p, VB)
     g = nl.ndarray((p, VB), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=g[0:n, 0:w], data=e[0:n, 0:w], op0=nl.multiply, operand0=wt[0:n, :])
     return g
@@ -204,13 +199,6 @@ def _operands(hidden, weight, bias):
     return x, w
 
 
-def _weights(target, attrs, g):
-    """Each token's weight in the loss times the loss's gradient: 0 where ignored."""
-    valid = target != attrs["ignore_index"]
-    scale = g if attrs["reduction"] == "sum" else g / valid.sum()
-    return torch.where(valid, scale, torch.zeros((), dtype=torch.float32, device=target.device)).float()
-
-
 def forward(tensors, attrs, config):
     h, w, target, bias = tensors
     x, wx = _operands(h, w, bias)
@@ -229,7 +217,7 @@ def backward(grads, tensors, results, attrs, config, needs):
     tf = torch.where(target == attrs["ignore_index"], 0, target).float().reshape(-1, 1)
     dx, dw = run(linear_ce_bwd, h.device)(
         x.t().contiguous(), x.contiguous(), wx.t().contiguous(), wx.contiguous(), tf, lse.reshape(-1, 1),
-        rest.reshape(-1, 1), _weights(target, attrs, g.float()).reshape(-1, 1), attrs["softcap"],
+        rest.reshape(-1, 1), weights(target, attrs, g.float()).reshape(-1, 1), attrs["softcap"],
         config["rows_per_tile"], needs[0], needs[1] or needs[2])
     hdim = h.shape[1]
     dx, dw = dx.to(h.device), dw.to(h.device)

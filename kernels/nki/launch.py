@@ -46,6 +46,30 @@ def run(kernel: Any, device: torch.device) -> Callable[..., Any]:
     return nki.simulate(kernel if g is None else kernel[g[0]])
 
 
+def strided_rows(*xs: torch.Tensor) -> tuple:
+    """Each x (its last dim contiguous; all of one shape) as the kernels read it in place: the span of its memory as
+    one flat tensor (a view: no copy), then its leading dims as (size, stride) pairs; the dims collapsed where one
+    stride spans two in every x (so all have the same sizes, and the same tiles), dims of size 1 dropped (a
+    contiguous x: one pair, (rows, width)). ``tiles.strided_row_tiles`` walks them."""
+    shape = xs[0].shape
+    leads: list[list[tuple[int, int]]] = [[] for _ in xs]
+    for i, n in enumerate(shape[:-1]):
+        if n == 1:
+            continue
+        strides = [x.stride(i) for x in xs]
+        if leads[0] and all(lead[-1][1] == s * n for lead, s in zip(leads, strides)):
+            for lead, s in zip(leads, strides):
+                lead[-1] = (lead[-1][0] * n, s)
+        else:
+            for lead, s in zip(leads, strides):
+                lead.append((n, s))
+    out: list = []
+    for x, lead in zip(xs, leads):
+        span = 1 + sum((n - 1) * s for n, s in zip(x.shape, x.stride())) if x.numel() else 0
+        out += [x.detach().as_strided((span,), (1,)), tuple(lead) or ((1, x.shape[-1] if x.dim() else 1),)]
+    return tuple(out)
+
+
 def int32_column(index: torch.Tensor) -> torch.Tensor:
     """Integer indices as the [n, 1] int32 column the kernels read; values beyond int32 saturate, so an index out
     of a table stays out of it (and the kernel's bounds check rejects it) instead of wrapping into range."""

@@ -38,6 +38,21 @@ def tiles(n: int, p: int) -> Iterator[tuple[int, int, int]]:
         yield t, t * p, min(p, n - t * p)
 
 
+def strided_row_tiles(lead: tuple[tuple[int, int], ...], p: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """(index, first row, rows, start, step) of each tile of up to p rows of a tensor whose leading dims are
+    ``lead``, (size, stride) pairs (``launch.strided_rows``), rows in row-major order: a tile stays within the
+    innermost leading dim, and its rows start ``step`` elements apart from element ``start`` of the tensor's memory."""
+    *outer, (inner, step) = lead
+    starts = [0]
+    for n, s in outer:
+        starts = [a + i * s for a in starts for i in range(n)]
+    t = 0
+    for g, start in enumerate(starts):
+        for _, s0, n in tiles(inner, p):
+            yield t, g * inner + s0, n, start + s0 * step, step
+            t += 1
+
+
 def mine(items: Iterable[T]) -> Iterator[T]:
     """This program's share of ``items``: every ``num_programs()``-th, from its ``program_id(0)``."""
     pid, count = nl.program_id(0), nl.num_programs()

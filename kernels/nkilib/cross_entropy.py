@@ -84,6 +84,8 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     why = kernel_problem(specs, attrs)
     if why:
         return why
+    if attrs["softcap"] is not None:
+        return "softcap (the library's kernels take the logits as they are; nki_online caps them)"
     x, t = specs
     if not (x.is_contiguous and t.is_contiguous):
         return "non-contiguous inputs"

@@ -8,6 +8,9 @@ parallelism against the size of that partial buffer; ``threads=1`` skips the
 parallel launch, which costs more than small inputs take. float32 or bfloat16, computed in float32 (the
 weight gradient is summed in float64 and rounded once). The scale is ``offset + weight`` (Gemma's ``1 + weight``),
 taken in float32 as Gemma takes it; no weight is a weight of ones at offset 0 (an exact product).
+x is read in place in any layout whose last dim is contiguous (``rows_of``): rows whose leading dims collapse into
+one axis as a [rows, D] view, any others (Gemma 3's per-head q/k, [b, h, s, d] over [b, s, h, d]) through each row's
+start; y, rstd and dx are contiguous, and dy is made so by the registry.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from .._cpu import (
     launch,
     max_threads,
     rounded,
-    rows_view,
+    row,
+    rows_of,
     thread_choices,
 )
 from .op import RMSNORM, fake, scale, shape_problem
@@ -42,22 +46,23 @@ _PARALLEL_SUM = 1 << 17
 costs about what they save (128 x 512 partials in a training step: 40 us parallel)."""
 
 
-def _forward_body(x, w, offset, eps, rows, y, rstd):
-    n, d = x.shape
+def _forward_body(x, xs, w, offset, eps, rows, y, rstd):
+    n, d = y.shape
     tasks = (n + rows - 1) // rows
     inv_d = np.float32(1.0) / np.float32(d)
     o = np.float32(offset)
     for t in prange(tasks):
         r1 = min(n, (t + 1) * rows)
         for r in range(t * rows, r1):
+            xr = row(x, xs, r, d)
             acc = np.float32(0.0)  # fastmath: a vectorised sum, several partial sums in flight
             for j in range(d):
-                v = f32(x[r, j])
+                v = f32(xr[j])
                 acc += v * v
             s = np.float32(1.0) / np.sqrt(acc * inv_d + np.float32(eps))
             rstd[r] = s
             for j in range(d):
-                y[r, j] = cast_to(y, f32(x[r, j]) * s * (f32(w[j]) + o))
+                y[r, j] = cast_to(y, f32(xr[j]) * s * (f32(w[j]) + o))
 
 
 def _row_dot_body(dy, w, offset, x):
@@ -70,8 +75,8 @@ def _row_dot_body(dy, w, offset, x):
     return acc
 
 
-def _backward_body(dy, x, w, offset, rstd, rows, dx, partial):
-    n, d = x.shape
+def _backward_body(dy, x, xs, w, offset, rstd, rows, dx, partial):
+    n, d = dx.shape
     tasks = partial.shape[0]
     o = np.float32(offset)
     for t in prange(tasks):
@@ -81,13 +86,14 @@ def _backward_body(dy, x, w, offset, rstd, rows, dx, partial):
         r1 = min(n, (t + 1) * rows)
         for r in range(t * rows, r1):
             s = rstd[r]
-            acc = _row_dot(dy[r], w, o, x[r])
+            xr = row(x, xs, r, d)
+            acc = _row_dot(dy[r], w, o, xr)
             # the products in the order autograd takes them through x * rsqrt(mean(x^2) + eps) * w, so that
             # a huge dy or x overflows (or not) where the expression does: dy * w, then times rstd or x;
             # rsqrt's gradient -0.5 * g * rstd^3, mean's / d, the square's times 2 * x
             c = np.float32(-0.5) * acc * (s * s * s) / np.float32(d)
             for j in range(d):
-                g, v = f32(dy[r, j]), f32(x[r, j])
+                g, v = f32(dy[r, j]), f32(xr[j])
                 gw = g * (f32(w[j]) + o)
                 dx[r, j] = cast_to(dx, gw * s + c * (np.float32(2.0) * v))
                 p[j] += g * (v * s)
@@ -117,10 +123,10 @@ def forward(tensors: tuple, attrs: dict, config: dict) -> tuple[torch.Tensor, to
     x, w = tensors
     w, offset = scale(x, w, attrs)
     y = empty_like(x)
-    xa = as_rows(x)
-    rstd = torch.empty(xa.shape[0], dtype=torch.float32)
+    ya = as_rows(y)
+    rstd = torch.empty(ya.shape[0], dtype=torch.float32)
     threads = config["threads"]
-    launch(_forward, threads, xa, array(w), offset, attrs["eps"], max(1, -(-xa.shape[0] // threads)), as_rows(y),
+    launch(_forward, threads, *rows_of(x), array(w), offset, attrs["eps"], max(1, -(-ya.shape[0] // threads)), ya,
            rstd.numpy())
     return y, rstd.view(x.shape[:-1])
 
@@ -128,14 +134,14 @@ def forward(tensors: tuple, attrs: dict, config: dict) -> tuple[torch.Tensor, to
 def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: dict, needs: tuple) -> tuple:
     (dy,), (x, w), (_, rstd) = grads, tensors, results
     w, offset = scale(x, w, attrs)  # w None: no weight, or only its gradient is needed (dx is then dropped)
-    xa = as_rows(x)
-    d = xa.shape[1]
-    rows = config["rows_per_task"]
-    tasks = -(-xa.shape[0] // rows)
-    partial = torch.empty((tasks, d))  # torch's allocator reuses freed pages
     dx = empty_like(x)
+    dxa = as_rows(dx)
+    d = dxa.shape[1]
+    rows = config["rows_per_task"]
+    tasks = -(-dxa.shape[0] // rows)
+    partial = torch.empty((tasks, d))  # torch's allocator reuses freed pages
     threads = config["threads"]
-    launch(_backward, threads, as_rows(dy), xa, array(w), offset, array(rstd).reshape(-1), rows, as_rows(dx),
+    launch(_backward, threads, as_rows(dy), *rows_of(x), array(w), offset, array(rstd).reshape(-1), rows, dxa,
            partial.numpy())
     if tasks == 1:  # one task's partial row is the weight's gradient
         return dx, rounded(partial.view(d), x.dtype)
@@ -154,8 +160,6 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
         return why
     if x.layout[-1] != 1 or (w is not None and w.strides is not None and w.strides != (1,)):
         return "a last dim that is not contiguous"
-    if not rows_view(x.shape, x.strides):
-        return "leading dims that do not collapse into rows without a copy"
     return None
 
 

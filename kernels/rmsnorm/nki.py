@@ -14,6 +14,12 @@ with a ones column, accumulated across row tiles either in PSUM (one bank per
 
 The programs of an LNC launch take disjoint row tiles; each writes its partial
 dweight to its own row of a [programs, D] output, summed on the host.
+
+x is read in place in any layout whose last dim is contiguous: the kernels take the span of its memory as one flat
+HBM tensor and its leading dims as (size, stride) pairs (``lead``), and load each tile of rows by an access pattern
+whose partition step is the innermost leading dim's stride (a tile stays within that dim). So Hugging Face's
+per-head q/k (``view(b, s, h, d).transpose(1, 2)``, rows that no single stride spans) need no copy. y, rstd, dy and
+dx are contiguous, rows in x's row-major order.
 """
 
 from __future__ import annotations
@@ -24,9 +30,9 @@ import torch
 
 from ...registry import Impl, Key, TensorSpec, register_impl
 from ..nki import nisa, nki, nl
-from ..nki.launch import run
+from ..nki.launch import run, strided_rows
 from ..nki.limits import limits_target
-from ..nki.tiles import mine, tiles
+from ..nki.tiles import mine, strided_row_tiles
 from .op import RMSNORM, fake, scale, shape_problem
 
 ROWS_PER_TILE = (32, 64, 128)
@@ -54,17 +60,18 @@ def _broadcast_row(vec, d, p, chunk, offset=0.0):
 
 
 @nki.jit
-def rmsnorm_fwd(x, w, eps, offset, rows_per_tile, chunk):
-    """x: HBM [N, D]; w: HBM [D] -> y = x * rstd * (w + offset) [N, D] (x's dtype), rstd [N, 1] float32."""
-    n_rows, d = x.shape
+def rmsnorm_fwd(x, lead, d, w, eps, offset, rows_per_tile, chunk):
+    """x: HBM, rows of d elements laid out as ``lead``; w: HBM [D] -> y = x * rstd * (w + offset) [N, D] (x's
+    dtype), rstd [N, 1] float32."""
+    n_rows = math.prod(n for n, _ in lead)
     p = rows_per_tile
     y = nl.ndarray((n_rows, d), dtype=x.dtype, buffer=nl.shared_hbm)
     rstd = nl.ndarray((n_rows, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     w_b = _broadcast_row(w, d, p, chunk, offset)
     n_chunks = (d + chunk - 1) // chunk
-    for _, r0, n in mine(tiles(n_rows, p)):
+    for _, r0, n, at, step in mine(strided_row_tiles(lead, p)):
         xt = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=xt[0:n, :], src=x[r0:r0 + n, :])
+        nisa.dma_copy(dst=xt[0:n, :], src=x.ap(pattern=[[step, n], [1, d]], offset=at))
         sq = nl.ndarray((p, chunk), dtype=nl.float32, buffer=nl.sbuf)
         ss = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
         for c in range(n_chunks):
@@ -87,10 +94,10 @@ def rmsnorm_fwd(x, w, eps, offset, rows_per_tile, chunk):
 
 
 @nki.jit
-def rmsnorm_bwd(dy, x, w, offset, rstd, rows_per_tile, chunk, dw_in_psum):
-    """dy, x: HBM [N, D]; w: [D] (the scale w + offset); rstd: [N, 1] float32 -> dx [N, D], dw [programs, D] float32
-    (one partial sum per program of the launch)."""
-    n_rows, d = x.shape
+def rmsnorm_bwd(dy, x, lead, w, offset, rstd, rows_per_tile, chunk, dw_in_psum):
+    """dy: HBM [N, D]; x: rows laid out as ``lead`` (as rmsnorm_fwd's); w: [D] (the scale w + offset); rstd: [N, 1]
+    float32 -> dx [N, D], dw [programs, D] float32 (one partial sum per program of the launch)."""
+    n_rows, d = dy.shape
     p = rows_per_tile
     dx = nl.ndarray((n_rows, d), dtype=x.dtype, buffer=nl.shared_hbm)
     dw = nl.ndarray((nl.num_programs(), d), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -101,11 +108,11 @@ def rmsnorm_bwd(dy, x, w, offset, rstd, rows_per_tile, chunk, dw_in_psum):
     acc_ps = [nl.ndarray((1, chunk), dtype=nl.float32, buffer=nl.psum) for _ in range(n_chunks if dw_in_psum else 0)]
     acc_sb = nl.ndarray((1, d), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=acc_sb, value=0.0)  # a program may own no row tile: its partial is zero
-    for t, (_, r0, n) in enumerate(mine(tiles(n_rows, p))):
+    for t, (_, r0, n, at, step) in enumerate(mine(strided_row_tiles(lead, p))):
         dyt = nl.ndarray((p, d), dtype=dy.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=dyt[0:n, :], src=dy[r0:r0 + n, :])
         xt = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=xt[0:n, :], src=x[r0:r0 + n, :])
+        nisa.dma_copy(dst=xt[0:n, :], src=x.ap(pattern=[[step, n], [1, d]], offset=at))
         rs = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=rs[0:n, :], src=rstd[r0:r0 + n, :])
         g = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)  # dy * (w + offset)
@@ -155,8 +162,8 @@ def forward(tensors: tuple, attrs: dict, config: dict) -> tuple[torch.Tensor, to
     x, w = tensors
     w, offset = scale(x, w, attrs)
     d = x.shape[-1]
-    y, rstd = run(rmsnorm_fwd, x.device)(x.reshape(-1, d), w, attrs["eps"], offset, config["rows_per_tile"],
-                                             config["chunk"])
+    y, rstd = run(rmsnorm_fwd, x.device)(*strided_rows(x), d, w, attrs["eps"], offset, config["rows_per_tile"],
+                                         config["chunk"])
     return y.reshape(x.shape).to(x.device), rstd.reshape(x.shape[:-1]).to(x.device)
 
 
@@ -164,8 +171,8 @@ def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: 
     (dy,), (x, w0), (_, rstd) = grads, tensors, results
     w, offset = scale(x, w0, attrs)
     d = x.shape[-1]
-    dx, dw = run(rmsnorm_bwd, x.device)(dy.reshape(-1, d), x.reshape(-1, d), w, offset, rstd.reshape(-1, 1),
-                                            config["rows_per_tile"], config["chunk"], config["dw_in_psum"])
+    dx, dw = run(rmsnorm_bwd, x.device)(dy.reshape(-1, d), *strided_rows(x), w, offset, rstd.reshape(-1, 1),
+                                        config["rows_per_tile"], config["chunk"], config["dw_in_psum"])
     return dx.reshape(x.shape).to(x.device), (None if w0 is None else dw.sum(0).to(w.dtype).to(x.device))
 
 
@@ -194,8 +201,8 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
         return why
     if x.numel == 0:
         return "empty x"
-    if not x.is_contiguous or (w is not None and not w.is_contiguous):
-        return "non-contiguous inputs"
+    if x.layout[-1] != 1 or (w is not None and not w.is_contiguous):
+        return "a last dim of x that is not contiguous, or a non-contiguous weight"
     d = x.shape[-1]
     smallest = {"rows_per_tile": min(ROWS_PER_TILE), "chunk": min(CHUNK), "dw_in_psum": 0}
     if sbuf_bytes(d, x.dtype, smallest, training=True) > limits_target().sbuf_partition_bytes:
