@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import _C
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from .backend import get_backend
 
@@ -48,7 +49,8 @@ def version(impl: Impl) -> str:
     warm cache from another version of the impl would call the new kernel with what the old one read."""
     h = hashlib.sha256(_SOURCE)
     reads = None if impl.reads is None else sorted((k, tuple(v)) for k, v in impl.reads.items())
-    h.update(repr((impl.source_hash, impl.schema(), impl.backward_schema(), reads, impl.saved)).encode())
+    scaled = None if impl.scaled is None else sorted(impl.scaled.items())
+    h.update(repr((impl.source_hash, impl.schema(), impl.backward_schema(), reads, impl.saved, scaled)).encode())
     return "v" + h.hexdigest()[:12]
 
 
@@ -166,6 +168,12 @@ def stand_in(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -
     return torch.empty_strided(shape, (0,) * len(shape), dtype=dtype, device=device)
 
 
+def _eager(g: torch.Tensor) -> bool:
+    """Whether ``g`` is a real tensor of an eager call (no trace: no compile, no proxy, no fake or functional
+    tensor)."""
+    return type(g) is torch.Tensor and not torch.compiler.is_compiling() and get_proxy_mode() is None
+
+
 def build(impl: Impl) -> None:
     """Register ``impl``'s forward and backward operators; store them on the impl."""
     op = impl.op
@@ -177,6 +185,10 @@ def build(impl: Impl) -> None:
     backend = get_backend(impl.backend)
     sources = tuple(tuple(op.tensors.index(n) for n in names) for names in op.sources)
     attr_names, config_names = tuple(op.attrs), tuple(impl.space)
+    scaled = {op.differentiable.index(name): nt + int(r.removeprefix("result_"))
+              for name, r in (impl.scaled or {}).items()}
+    """Per position in ``diff`` whose gradient is a saved result times the output's gradient: that result's
+    position in (tensors, results)."""
 
     @cache
     def dicts(rest: tuple) -> tuple[dict, dict]:
@@ -262,6 +274,8 @@ def build(impl: Impl) -> None:
                 raise RuntimeError(f"{bwd_def.qualname if isinstance(bwd_def, LibraryOp) else impl.op_name} has no "
                                    "gradient of its own (a double backward, e.g. create_graph=True); switch the op's "
                                    f"kernels off with NKI_AUTOTUNE_KERNEL_{op.name.upper()}=off for this computation")
+            if scaled and all(j in scaled for j, need in enumerate(ctx.needs) if need):
+                return _scale(ctx, grads[0])
             full: list[Any] = [None] * (nt + n_res)
             for i, t in zip(ctx.keep, ctx.saved_tensors):
                 full[i] = t
@@ -275,6 +289,22 @@ def build(impl: Impl) -> None:
             result: list[Any] = [None] * n_args
             for i, g, need in zip(diff, out, ctx.needs):
                 result[i] = g if need else None
+            return tuple(result)
+
+        def _scale(ctx, g):
+            """Each needed gradient: its saved result times ``g`` (``Impl.scaled``). Eagerly in place, nothing where
+            ``g`` is a CPU 1; traced, a product Inductor writes into the saved result's buffer (a donated buffer of
+            the backward graph): a mutation there would be one of a forward output where a caller of the operator
+            keeps its extras (``opcheck``), which AOTAutograd cannot partition."""
+            g = torch.zeros(ctx.outs[0][0], dtype=ctx.outs[0][1], device=ctx.outs[0][2]) if g is None else g
+            saved = dict(zip(ctx.keep, ctx.saved_tensors))
+            eager = _eager(g)
+            one = eager and g.device.type == "cpu" and g.numel() == 1 and bool(g == 1)
+            result: list[Any] = [None] * n_args
+            for j, (i, need) in enumerate(zip(diff, ctx.needs)):
+                if need:
+                    r = saved[scaled[j]]
+                    result[i] = r if one else r.mul_(g) if eager else r * g
             return tuple(result)
 
         fwd.register_autograd(backward, setup_context=setup_context)

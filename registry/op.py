@@ -105,6 +105,14 @@ class Impl:
     """The default config fitted to a call that no table names a config for (``on``, a per-op ``on``, an impl
     name): the params it returns replace the default's, e.g. ``threads`` from the work size at which a second
     thread pays (``kernels._cpu.fit_threads``). None: the default as it is."""
+    scaled: Mapping[str, str] | None = None
+    """Per differentiable input, the result (``result_<i>``) that, times the gradient of the op's only output (a
+    scalar, e.g. a reduced loss), is its gradient: a fused loss that computes its gradients in the forward. The
+    registry's autograd formula makes that product itself, in place in the saved result (no backward operator call,
+    no second buffer of each gradient; eagerly, on the CPU, not even a pass where the output's gradient is 1), and
+    calls the backward operator only for a needed gradient not named here. In place: a second backward through the
+    same graph (``retain_graph=True``) raises autograd's error on a modified saved tensor. Compiled, the product is
+    an elementwise op of the backward graph that Inductor writes into the saved result's buffer (a donated buffer)."""
     backward_params: tuple[str, ...] = ()
     """Config params that only change the backward: fixed to their default for inference."""
     saved: int = 0
@@ -141,6 +149,13 @@ class Impl:
             if self.backward is None:
                 raise ValueError(f"impl {self.qualname}: reads needs a backward kernel (the reference's gradient "
                                  "reads every tensor)")
+        if self.scaled is not None:
+            results = {f"result_{i}" for i in range(self.op.outputs + self.saved)}
+            bad = {g: r for g, r in self.scaled.items() if g not in self.op.differentiable or r not in results
+                   or r not in (self.reads or {}).get(g, ())}
+            if bad or self.op.outputs != 1:
+                raise ValueError(f"impl {self.qualname}: scaled maps a differentiable input to a result its gradient "
+                                 f"reads (reads[input] names it), on an op of one output; got {dict(self.scaled)}")
         if set(self.default) != set(self.space):
             raise ValueError(f"impl {self.qualname}: default config must set exactly {sorted(self.space)}")
         for p, v in self.default.items():

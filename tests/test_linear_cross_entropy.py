@@ -154,8 +154,9 @@ def test_compiled_is_one_graph_with_the_kernel_and_no_recompile(gen, switches):
         want = torch.autograd.grad(F.cross_entropy(F.linear(h * 2.0, w), t) + 1.0, (h, w))
         assert all(rel_err(g, r) < 1e-5 for g, r in zip(got, want))
     assert counters["graph_break"] == {} and len(graphs.dynamo) == 1
-    assert str(CPU.kernel_op) in targets(graphs.forward[0]) and str(CPU.bwd_op) in targets(graphs.backward[0])
+    assert str(CPU.kernel_op) in targets(graphs.forward[0]) and str(CPU.bwd_op) not in targets(graphs.backward[0])
     assert "aten.mm.default" not in targets(graphs.forward[0])  # no logits outside the kernel
+    assert "aten.mul.Tensor" in targets(graphs.backward[0])  # the saved gradients times the loss's (Impl.scaled)
     torch._dynamo.reset()
 
 
@@ -168,3 +169,98 @@ def test_nki_loss_and_every_gradient_match_float64_through_the_interpreter(gen, 
     ins = (ins[0] * (3 if softcap else 1), *ins[1:])
     check(kernel(NKI, chunk=128, reduction=reduction, softcap=softcap), ins, dtype, reduction=reduction,
           softcap=softcap)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("seed", [1.0, 3.0])
+def test_cpu_gradients_are_the_saved_ones_times_the_loss_gradient(gen, dtype, seed):
+    """``Impl.scaled``: the backward returns the gradients the forward saved, scaled in place by the loss's
+    gradient, untouched where it is 1 (``loss.backward()``)."""
+    ins = inputs(gen, bias=True, dtype=dtype)
+    got_loss, got = grads(kernel(), *ins, seed=seed)
+    ins64 = tuple(t.double() if t is not None and t.is_floating_point() else t for t in ins)
+    _, ref = grads(expression(), *ins64, seed=seed)
+    for name, g, r in zip(("hidden", "weight", "bias"), got, ref):
+        assert g.dtype == dtype and rel_err(g, r) < TOL[dtype], (name, rel_err(g, r))
+
+
+def test_compiled_gradients_of_a_scaled_loss_match_float64(gen, switches):
+    """Compiled, the loss times 3 and a bias: the backward graph's product of the saved gradients and the loss's
+    gradient, no backward operator."""
+    switches(NKI_AUTOTUNE_KERNEL_LINEAR_CROSS_ENTROPY="on")
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = Graphs()
+    fn = torch.compile(lambda h, w, t, b: 3.0 * nk.linear_cross_entropy(h, w, t, b), backend=graphs,
+                       fullgraph=True, dynamic=False)
+    ins = inputs(gen, bias=True)
+    for _ in range(2):
+        got_loss, got = grads(fn, *ins, seed=1.0)
+        ins64 = tuple(t.double() if t is not None and t.is_floating_point() else t for t in ins)
+        ref_loss, ref = grads(lambda h, w, t, b: 3.0 * reference(h, w, t, b, -100, "mean", None), *ins64, seed=1.0)
+        assert rel_err(got_loss, ref_loss) < 1e-5
+        for name, g, r in zip(("hidden", "weight", "bias"), got, ref):
+            assert rel_err(g, r) < 1e-5, (name, rel_err(g, r))
+    assert counters["graph_break"] == {} and len(graphs.dynamo) == 1 and len(graphs.backward) == 1
+    assert str(CPU.bwd_op) not in targets(graphs.backward[0])
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_the_weight_gradient_is_held_once(gen, switches, compiled):
+    """Peak memory of a forward and backward (the loss times 3): the weight gradient, one chunk's logits and the
+    hidden gradient, not the weight gradient twice (computed in the forward, scaled into a second buffer)."""
+    from nki_autotune.autotune.memory import peak_bytes
+
+    switches(NKI_AUTOTUNE_KERNEL_LINEAR_CROSS_ENTROPY="on")
+    torch._dynamo.reset()
+    n, hdim, v = 256, 512, 8192
+    h, w, t, _ = inputs(gen, n=n, h=hdim, v=v)
+    h.requires_grad_(), w.requires_grad_()
+
+    def f(h, w, t):
+        return 3.0 * nk.linear_cross_entropy(h, w, t)
+
+    fn = torch.compile(f, fullgraph=True, dynamic=False) if compiled else f
+
+    def step():
+        h.grad = w.grad = None
+        fn(h, w, t).backward()
+
+    step()
+    h.grad = w.grad = None
+    peak = peak_bytes(step)
+    weight_grad, logits = v * hdim * 4, min(n, CPU.default["chunk"]) * v * 4
+    assert peak < weight_grad + logits + 2 * n * hdim * 4 + 2**20, (peak, weight_grad, logits)
+    torch._dynamo.reset()
+
+
+def test_a_second_backward_of_a_scaled_loss_raises_not_misleads(gen):
+    """The saved gradients are scaled in place: a second backward through the graph (``retain_graph=True``) is
+    autograd's error on a modified saved tensor where the loss's gradient is not 1, and right where it is."""
+    h, w, t, _ = inputs(gen)
+    h.requires_grad_(), w.requires_grad_()
+    loss = kernel()(h, w, t, None)
+    loss.backward(retain_graph=True)
+    first = w.grad.clone()
+    loss.backward()
+    assert torch.equal(w.grad, 2 * first)
+    h.grad = w.grad = None
+    loss = kernel()(h, w, t, None)
+    (loss * 3).backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (loss * 3).backward()
+
+
+def test_the_default_chunk_keeps_its_logits_within_the_budget():
+    """``fit``: at a 128256-token vocabulary the default config's chunk is 245 tokens (within 120 MiB of logits),
+    at 32000 the default's 256, and never below 64."""
+    from nki_autotune.kernels.linear_cross_entropy.cpu import LOGITS_BUDGET
+
+    from .helpers import key_of
+
+    for v, chunk in ((128256, 245), (32000, 256), (10**7, 64)):
+        key = key_of("linear_cross_entropy", "training",
+                     [((2048, 512), "float32"), ((v, 512), "float32"), ((2048,), "int64"), None])
+        got = CPU.default_at(key)["chunk"]
+        assert got == chunk and (got * v * 4 <= LOGITS_BUDGET or got == 64), (v, got)

@@ -1,15 +1,18 @@
 """Linear cross-entropy on the CPU: the tokens in chunks, the [N, V] logits never whole.
 
-Per chunk of ``chunk`` tokens: the chunk's logits by torch's BLAS matrix product (``addmm``/``mm`` into one buffer
-reused by every chunk), then one numba kernel, parallel over the chunk's rows, caps them (``softcap``), finds each
-row's max and sum of exponentials in one pass (``_cpu.max_sumexp``, the target's own term left out of the sum as in
-``cross_entropy.cpu_rows``), writes its loss and, in training, overwrites the row with the logits' gradient
-(softmax minus the target's one-hot, scaled by the reduction, times the cap's derivative ``1 - (y / cap)^2``);
-then the hidden gradient of the chunk is ``dlogits @ W`` and the weight gradient accumulates ``dlogits^T @ h`` into
-one float32 buffer (``addmm_``). So each chunk's logits are read and written by the kernel once, and by three
-matrix products. The gradients are computed in the forward, only those the call needs (none in inference), and
-saved; the backward scales them by the loss's gradient. bfloat16 inputs are computed in float32 (the weight widened
-once per call), their gradients rounded once at the end.
+Per chunk of ``chunk`` tokens (as many chunks as that makes, of even sizes): the chunk's logits by torch's BLAS matrix
+product (``addmm``/``mm`` into one buffer reused by every chunk), then one numba kernel, parallel over the chunk's
+rows, caps them (``softcap``), finds each row's max and sum of exponentials in one pass (``_cpu.max_sumexp``, the
+target's own term left out of the sum as in ``cross_entropy.cpu_rows``), writes its loss and, in training,
+overwrites the row with the logits' gradient (softmax minus the target's one-hot, scaled by the reduction, times the
+cap's derivative ``1 - (y / cap)^2``); then the hidden gradient of the chunk is ``dlogits @ W`` and the weight
+gradient accumulates ``dlogits^T @ h`` into one float32 buffer (the first chunk writes it with ``mm``, the others
+add with ``addmm_``: it is never zeroed). So each chunk's logits are read and written by the kernel once, and by
+three matrix products. The gradients are computed in the forward, only those the call needs (none in inference), and
+saved; the registry's autograd formula scales them by the loss's gradient in place (``Impl.scaled``: the weight
+gradient is held once, and not touched where the loss's gradient is 1). The default chunk keeps one chunk's logits
+within ``LOGITS_BUDGET``. bfloat16 inputs are computed in float32 (the weight widened once per call), their
+gradients rounded once at the end.
 """
 
 from __future__ import annotations
@@ -124,10 +127,12 @@ def forward(tensors, attrs, config, needs):
     scale = np.float32(weight if grad else 0.0)
     cap = np.float32(0.0 if attrs["softcap"] is None else attrs["softcap"])
     dh = torch.empty(h.shape, dtype=torch.float32) if needs[0] else None
-    dw = torch.zeros(w.shape, dtype=torch.float32) if needs[1] else None
-    db = torch.zeros(v, dtype=torch.float32) if needs[2] else None
+    new = torch.empty if n else torch.zeros  # the first chunk writes them, the others add: no pass of zeros
+    dw = new(w.shape, dtype=torch.float32) if needs[1] else None
+    db = new(v, dtype=torch.float32) if needs[2] else None
     losses = np.zeros(n, np.float64)
-    size = config["chunk"]
+    chunks = -(-n // config["chunk"])
+    size = max(-(-n // max(chunks, 1)), 1)  # as many chunks as ``chunk`` tokens make, of even sizes: no short last one
     buf = torch.empty((min(size, n), v), dtype=torch.float32)
     wt = w32.t()
     for i in range(0, n, size):
@@ -142,9 +147,9 @@ def forward(tensors, attrs, config, needs):
         if dh is not None:
             torch.mm(lg, w32, out=dh[i:i + size])
         if dw is not None:
-            dw.addmm_(lg.t(), hc)
+            torch.mm(lg.t(), hc, out=dw) if i == 0 else dw.addmm_(lg.t(), hc)
         if db is not None:
-            db += lg.sum(0)
+            torch.sum(lg, 0, out=db) if i == 0 else db.add_(lg.sum(0))
     loss = torch.tensor(losses.sum() * weight, dtype=dtype)
     empty = h.new_empty(0)
     return (loss, empty if dh is None else dh.to(dtype), empty if dw is None else dw.to(w.dtype),
@@ -184,10 +189,27 @@ one / two threads, medians of 15 interleaved rounds; at 8192 elements
 (128 x 64 tokens, 256 classes): forward 183.0 / 168.3 us, forward+backward 316.6 / 301.0 us)."""
 
 
+LOGITS_BUDGET = 120 * 2**20
+"""Bytes of one chunk's float32 logits that the default config (``fit``) allows: its ``chunk`` is the default's or
+the most tokens whose logits fit (at least ``min(CHUNKS)``), whichever is smaller. At V = 128256 that is 245 tokens,
+which the forward evens out to nine chunks of 228 over 2048 tokens (112 MiB, beside a weight gradient of 250 MiB at
+H = 512, where the compiler holds the [2048, V] logits, 1 GiB); at V = 32000, the default's 256 tokens (31 MiB)."""
+
+
+def fit(key: Key) -> dict[str, int]:
+    """The default config for ``key``: its threads by the work size, its chunk within ``LOGITS_BUDGET``."""
+    most = LOGITS_BUDGET // (4 * max(key.inputs[1].shape[0], 1))
+    return {**_fit_threads(key), "chunk": min(CPU_DEFAULT["chunk"], max(most, min(CHUNKS)))}
+
+
+_fit_threads = fit_threads(SERIAL_BELOW)
+
+
 CPU_CHUNKS = register_impl(Impl(
     op=LINEAR_CROSS_ENTROPY, name="cpu_chunks", backend="cpu", forward=forward, backward=backward, fake=fake,
     supports=supports, space={"threads": thread_choices(), "chunk": CHUNKS},
     default=CPU_DEFAULT, constraint=constraint, forward_needs=True, saved=3,
-    fit=fit_threads(SERIAL_BELOW),
+    fit=fit,
     reads={"hidden": ("result_1",), "weight": ("result_2",), "bias": ("result_3",)},
+    scaled={"hidden": "result_1", "weight": "result_2", "bias": "result_3"},
 ))
