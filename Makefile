@@ -48,7 +48,7 @@ test-hf-oldest: $(OLDEST_STAMP)
 demo: $(STAMP)
 	mkdir -p out
 	$(VENV)/bin/nki-autotune record -o out/profile.yaml -- $(PY) examples/train.py --steps 3
-	$(VENV)/bin/nki-autotune run out/profile.yaml -o out/dispatch.yaml --trials 6
+	$(VENV)/bin/nki-autotune run out/profile.yaml -o out/dispatch.yaml --trials 4
 	$(VENV)/bin/nki-autotune show out/dispatch.yaml
 	$(VENV)/bin/nki-autotune verify out/dispatch.yaml examples/train.py:make_step --rounds 12 --json out/verify.json
 
