@@ -2,9 +2,10 @@
 
 A region's peak is the most memory it holds at once above what was live before it, counted in three parts:
 
-- PyTorch's allocations on the region's device: the running sum of the profiler's allocation and free events
-  (the profiler does not report the free of a block allocated before it started, so freeing older memory never
-  offsets the region's own), at its peak;
+- PyTorch's allocations on the region's device: the running sum of the profiler's allocation and free events,
+  at its peak, where a free counts only for a block allocated in the region (matched by address: the profiler
+  reports the free of an older block too where the allocator knew its size, and freeing older memory must not
+  offset the region's own);
 - numpy's buffers, which numpy reports to ``tracemalloc`` (an output a kernel makes with numpy, a kernel's
   scratch arrays), at their own peak; Python's own objects come with them, a few KiB;
 - every block of the CPU kernels' reused memory (``kernels._outputs``) that the region takes an output from, whole,
@@ -67,9 +68,14 @@ def _numpy_peak(out: dict[str, int]) -> Iterator[None]:
             tracemalloc.stop()
 
 
-def _device(event) -> str:
-    kind = event.device_type().name
-    return torch._C._get_privateuse1_backend_name() if kind == "PrivateUse1" else kind.lower()
+def _allocations(nodes, kind: str) -> Iterator[tuple[int, int, int]]:
+    """(time, address, bytes) of every allocation (bytes > 0) and free (bytes < 0) on devices of ``kind`` in the
+    profiler's event tree."""
+    for node in nodes:
+        f = node.extra_fields
+        if type(f).__name__ == "_ExtraFields_Allocation" and f.device.type == kind:
+            yield node.start_time_ns, f.ptr, f.alloc_size
+        yield from _allocations(node.children, kind)
 
 
 def peak_bytes(fn: Callable[[], object], device: str = "cpu") -> int:
@@ -93,16 +99,21 @@ def peak_bytes(fn: Callable[[], object], device: str = "cpu") -> int:
     finally:
         prof.stop()
     made = _outputs.held() - held  # blocks the pool made meanwhile: numpy buffers, counted by tracemalloc
-    allocations, pooled = [], {}
-    for e in prof.profiler.kineto_results.events():
-        if e.name() == "[memory]":
-            if _device(e) == kind:
-                allocations.append((e.start_ns(), e.nbytes()))
-        elif host and e.name().startswith(_outputs.MARK):
+    results = prof.profiler.kineto_results
+    pooled = {}
+    for e in results.events():
+        if host and e.name().startswith(_outputs.MARK):
             address, nbytes = e.name()[len(_outputs.MARK):].split()
             pooled[address] = int(nbytes)
     live = peak = 0
-    for _, n in sorted(allocations):
+    mine: set[int] = set()  # the addresses of blocks allocated in the region and not yet freed
+    for _, ptr, n in sorted(_allocations(results.experimental_event_tree(), kind)):
+        if n < 0:
+            if ptr not in mine:
+                continue
+            mine.discard(ptr)
+        else:
+            mine.add(ptr)
         live += n
         peak = max(peak, live)
     return peak + parts.get("numpy", 0) + max(0, sum(pooled.values()) - made)

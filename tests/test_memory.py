@@ -37,6 +37,25 @@ def test_peak_counts_pytorch_numpy_and_pooled_bytes():
         assert expected <= got <= expected + NOISE, (got - expected, made, reused)
 
 
+def test_an_older_block_whose_size_the_allocator_knows_does_not_offset_the_peak_when_freed():
+    """A block allocated while memory was profiled (by an earlier profiler, here) has its free reported: it is
+    not the region's own, so it does not count against the region's allocations."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+        older = [torch.ones(8 * MIB // 4)]
+
+    def region():
+        older.clear()
+        a = torch.rand(MIB // 4)
+        b = torch.rand(MIB // 4)
+        del a  # the region's own free counts: its peak is both blocks at once
+        return b, torch.rand(MIB // 8)
+
+    got = peak_bytes(region)
+    assert 2 * MIB <= got <= 2 * MIB + NOISE, got - 2 * MIB
+
+
 def test_memory_freed_in_the_region_but_allocated_before_does_not_offset_its_peak():
     older = [torch.ones(8 * MIB // 4), np.ones(8 * MIB, np.uint8)]
 
