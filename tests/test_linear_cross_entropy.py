@@ -237,14 +237,22 @@ def test_the_weight_gradient_is_held_once(gen, switches, compiled):
 
 def test_a_second_backward_of_a_scaled_loss_raises_not_misleads(gen):
     """The saved gradients are scaled in place: a second backward through the graph (``retain_graph=True``) is
-    autograd's error on a modified saved tensor where the loss's gradient is not 1, and right where it is."""
+    autograd's error on a modified saved tensor where the loss's gradient is not 1, and right where it is, however
+    many follow; a gradient handed out as the saved tensor itself and then changed in place is the same error."""
     h, w, t, _ = inputs(gen)
     h.requires_grad_(), w.requires_grad_()
     loss = kernel()(h, w, t, None)
     loss.backward(retain_graph=True)
     first = w.grad.clone()
-    loss.backward()
+    loss.backward(retain_graph=True)
     assert torch.equal(w.grad, 2 * first)
+    loss.backward(retain_graph=True)  # the accumulated gradient is not the saved one: a third adds it once more
+    assert torch.equal(w.grad, 3 * first)
+    got, = torch.autograd.grad(loss, w, retain_graph=True)  # the saved gradient itself, where the loss's is 1
+    assert torch.equal(got, first)
+    got.zero_()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(loss, w)
     h.grad = w.grad = None
     loss = kernel()(h, w, t, None)
     (loss * 3).backward(retain_graph=True)
