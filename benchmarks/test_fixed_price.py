@@ -79,7 +79,7 @@ def _variants() -> tuple[dict[str, Callable[[], object]], object]:
         f = torch.compile(fresh(fn), fullgraph=True, dynamic=False)
         out[f"rmsnorm compiled forward {name}"] = lambda f=f: f(x, w)
         out[f"rmsnorm compiled forward+backward {name}"] = lambda f=f: torch.autograd.grad(f(xg, wg), (xg, wg), g)
-    on = explain("rmsnorm", x, w, 1e-6)  # the caller holds NKI_AUTOTUNE_KERNELS=on
+    on = explain("rmsnorm", xg, wg, 1e-6)  # the caller holds NKI_AUTOTUNE_KERNELS=on; a training call's config
     assert on.path == "kernel", on
     for name, fn in (("without", _rmsnorm_compiler), ("with", lambda x, w: nk.rmsnorm(x, w, 1e-6))):
         f = torch.compile(fresh(fn), fullgraph=True, dynamic=False)

@@ -326,7 +326,7 @@ def rows_of(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None]:
     leading dims collapse into one row axis (``rows_view``); else, with no copy, the span of ``t``'s memory as one
     flat array and each row's start in it, rows in ``t``'s row-major order (Hugging Face's per-head q/k,
     ``view(b, s, h, d).transpose(1, 2)``)."""
-    if t.numel() == 0 or rows_view(tuple(t.shape), tuple(t.stride())):
+    if t.dim() <= 2 or t.is_contiguous() or t.numel() == 0 or rows_view(tuple(t.shape), tuple(t.stride())):
         return as_rows(t), None
     starts = np.zeros(1, np.int64)
     for n, s in zip(t.shape[:-1], t.stride()[:-1]):

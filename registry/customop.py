@@ -213,18 +213,25 @@ def build(impl: Impl) -> None:
     fwd = backend.custom_op(f"{NAMESPACE}::{impl.op_name}", forward, impl.schema(), overload)
     fwd.register_fake(fake)
 
+    @cache
+    def plan(mask: int) -> tuple[tuple[bool, ...], tuple[bool, ...], bool]:
+        """The needs that ``mask`` encodes, per position in (tensors, results) whether the backward reads it, and
+        whether every gradient is needed."""
+        needs = needs_of(mask, len(diff))
+        keep = impl.kept(needs)
+        return needs, tuple(i in keep for i in range(nt + n_res)), all(needs)
+
     def backward_kernel(*args):
         grads = args[:n_out]
-        saved = args[n_out:n_out + nt + n_res]
+        needs, reads, every = plan(args[-1])
         attrs, config = dicts(args[n_out + nt + n_res:-1])
-        needs = needs_of(args[-1], len(diff))
-        keep = impl.kept(needs)
-        saved = tuple(t if i in keep else None for i, t in enumerate(saved))
+        saved = [t if r else None for t, r in zip(args[n_out:n_out + nt + n_res], reads)]
         if impl.backward is None:
-            out = _reference_backward(impl, grads, saved[:nt], attrs)
+            out = _reference_backward(impl, grads, tuple(saved[:nt]), attrs)
         else:
-            out = tuple(impl.backward(grads, saved[:nt], saved[nt:], attrs, config, needs))
-        out = tuple(g if need else grads[0].new_empty(0) for g, need in zip(out, needs))
+            out = tuple(impl.backward(grads, tuple(saved[:nt]), tuple(saved[nt:]), attrs, config, needs))
+        if not every:
+            out = tuple(g if need else grads[0].new_empty(0) for g, need in zip(out, needs))
         return out[0] if len(diff) == 1 else out
 
     def backward_fake(*args):

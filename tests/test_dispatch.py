@@ -300,3 +300,18 @@ def test_on_runs_the_default_config_fitted_to_the_call(switches):
     rms = get_op("rmsnorm").impls["cpu_rows"]
     assert math.prod(big.inputs[0].shape) >= importlib.import_module(rms.module).SERIAL_BELOW
     assert rms.default_at(big)["threads"] == max_threads()
+
+
+def test_on_runs_rmsnorm_on_one_thread_in_one_task_where_its_rows_fit_one(switches):
+    """Under ``on`` a small training call's default config is one thread and the fewest tasks (one partial row: the
+    weight's gradient, no reduction pass), a config the constraint allows, not the space's first (a task a row)."""
+    from .helpers import key_of
+
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    rms = get_op("rmsnorm").impls["cpu_rows"]
+    for rows, want in ((1, 1), (8, 16), (200, 256), (1000, 256)):
+        x, w = torch.randn(rows, 64, requires_grad=True), torch.randn(64, requires_grad=True)
+        e = explain("rmsnorm", x, w)
+        key = key_of("rmsnorm", "training", [((rows, 64), "float32"), ((64,), "float32")])
+        assert e.path == "kernel" and dict(e.config) == {"threads": 1, "rows_per_task": want}, e
+        assert rms.allows(e.config, key)

@@ -124,11 +124,11 @@ def forward(tensors: tuple, attrs: dict, config: dict) -> tuple[torch.Tensor, to
     w, offset = scale(x, w, attrs)
     y = empty_like(x)
     ya = as_rows(y)
-    rstd = torch.empty(ya.shape[0], dtype=torch.float32)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32)
     threads = config["threads"]
     launch(_forward, threads, *rows_of(x), array(w), offset, attrs["eps"], max(1, -(-ya.shape[0] // threads)), ya,
-           rstd.numpy())
-    return y, rstd.view(x.shape[:-1])
+           array(rstd).reshape(-1))
+    return y, rstd
 
 
 def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: dict, needs: tuple) -> tuple:
@@ -163,10 +163,20 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     return None
 
 
-def constraint(config: dict, key: Key) -> bool:
+def _rows(key: Key) -> int:
     xs = key.inputs[0].shape
     d = xs[-1] if xs else 1
-    n = max(1, (int(np.prod(xs)) // d) if d else 1)
+    return max(1, (int(np.prod(xs)) // d) if d else 1)
+
+
+def _fewest_tasks(n: int) -> int:
+    """The ``rows_per_task`` of fewest tasks over ``n`` rows: one task where a choice covers them (its partial row
+    is the weight's gradient, no reduction pass), else the largest choice."""
+    return min((r for r in ROWS_PER_TASK if r >= n), default=ROWS_PER_TASK[-1])
+
+
+def constraint(config: dict, key: Key) -> bool:
+    n = _rows(key)
     threads = config["threads"]
     if threads > 1 and n < threads:
         return False
@@ -175,8 +185,7 @@ def constraint(config: dict, key: Key) -> bool:
     rows = config["rows_per_task"]
     if threads > 1 and -(-n // rows) < threads:
         return False  # fewer tasks than threads
-    smallest_cover = min((r for r in ROWS_PER_TASK if r >= n), default=None)
-    return rows <= n or rows == smallest_cover
+    return rows <= n or rows == _fewest_tasks(n)  # a choice above n is the smallest cover's config
 
 
 SERIAL_BELOW = 2_097_152
@@ -185,6 +194,13 @@ thread: a second thread did not pay at any size up to it, on this project's 2-co
 work (``.venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``;
 one / two threads, medians of 15 interleaved rounds; the largest size of its ladder:
 2097152 elements (8192 x 256): forward 7297 / 16837 us, forward+backward 20561 / 36192 us)."""
+
+
+def _fit(key: Key) -> dict[str, int]:
+    """One thread below ``SERIAL_BELOW``, and then the fewest tasks: one thread has nothing to share out, and each
+    task more is a partial row more to sum."""
+    got = fit_threads(SERIAL_BELOW)(key)
+    return {**got, "rows_per_task": _fewest_tasks(_rows(key))} if got["threads"] == 1 else got
 
 
 CPU_ROWS = register_impl(Impl(
@@ -197,7 +213,7 @@ CPU_ROWS = register_impl(Impl(
     supports=supports,
     space={"threads": thread_choices(), "rows_per_task": ROWS_PER_TASK},
     default={"threads": max_threads(), "rows_per_task": 64},
-    fit=fit_threads(SERIAL_BELOW),
+    fit=_fit,
     constraint=constraint,
     backward_params=("rows_per_task",),
     saved=1,
