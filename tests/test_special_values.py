@@ -382,3 +382,29 @@ def test_rmsnorm_gradients_overflow_where_the_expression_does():
         want = run(lambda a, b: ref(a, b, 1e-6), (x, w), [0, 1], [dy])[1]
         for g, r, what in zip(got, want, ("grad x", "grad weight")):
             assert_like_pytorch(g, r, r, torch.zeros(r.shape, dtype=torch.float64), f"trial {trial}: {what}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rmsnorm_gradient_of_a_row_of_zeros_under_a_huge_weight_is_nan_where_the_expression_is(dtype):
+    """dy * w overflows to inf and, times a row of zeros, is nan in the expression's sum(dy * w * x): every dx of
+    that row is nan. The backward's sum is vectorised with reassociation: its terms are products of two, or it would
+    take (dy * x) * w, zero, and give finite values. And the other order: a huge x and dy over a weight of 0, where
+    the expression's terms are 0 and (dy * x) * w would be nan."""
+    impl = cpu_impl("rmsnorm")
+    ref = get_op("rmsnorm").reference
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(8):
+        x, w, dy = (torch.randn(s, generator=gen).to(dtype) for s in ((3, 8), (8,), (3, 8)))
+        r, j = trial % 3, (3 * trial) % 8
+        if trial % 2:
+            x[r] = 0.0
+            w[j], dy[r, j] = 1e20 * (-1) ** trial, -1e20
+        else:
+            w[j], x[r, j], dy[r, j] = 0.0, -1e30, 1e30
+        cfg = impl.config_values(impl.configs()[trial % len(impl.configs())])
+        got = run(lambda a, b, cfg=cfg: impl.fwd_op(a, b, 1e-5, 0.0, *cfg)[0], (x, w), [0, 1], [dy])[1]
+        want = run(lambda a, b: ref(a.float(), b.float(), 1e-5).to(dtype), (x, w), [0, 1], [dy])[1]
+        for g, want_g, what in zip(got, want, ("grad x", "grad weight")):
+            zero = torch.zeros(want_g.shape, dtype=torch.float64)
+            assert_like_pytorch(g, want_g, want_g, zero, f"trial {trial}: {what}")
+        assert want[0][r].isnan().all() == bool(trial % 2)

@@ -29,6 +29,7 @@ from .._cpu import (
     empty_like,
     f32,
     fit_threads,
+    helper,
     kernel,
     launch,
     max_threads,
@@ -65,13 +66,20 @@ def _forward_body(x, xs, w, offset, eps, rows, y, rstd):
                 y[r, j] = cast_to(y, f32(xr[j]) * s * (f32(w[j]) + o))
 
 
+@helper(ELEMENTWISE)
+def _in_order(a, b):
+    """a * b, compiled without reassociation: LLVM reorders a product of products only where both may be."""
+    return a * b
+
+
 def _row_dot_body(dy, w, offset, x):
     """sum((dy * (w + offset)) * x) over a row (offset a float32), vectorised: the backward's one sum, compiled
-    apart (with reassociation, which a vectorised sum needs, and which lets LLVM reorder these products too) from
-    the backward itself, whose element-wise products keep the expression's order."""
+    apart (with reassociation, which a vectorised sum needs) from the backward itself, whose element-wise products
+    keep the expression's order. Its inner product is ``_in_order``'s: else LLVM takes (dy * x) * w, which
+    overflows to inf, and times a weight of 0 is nan, where the expression's (dy * w) * x is 0."""
     acc = np.float32(0.0)
     for j in range(x.shape[0]):
-        acc += f32(dy[j]) * (f32(w[j]) + offset) * f32(x[j])
+        acc += _in_order(f32(dy[j]), f32(w[j]) + offset) * f32(x[j])
     return acc
 
 
