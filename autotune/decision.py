@@ -90,7 +90,9 @@ def decide(key: Key, candidates: list[Candidate], threshold: float, sites: list[
         m = {**c.measured, "impl": c.impl, "config": dict(c.config)}
         if c.measured.get("not_measurable") or c.measured.get("error", "").startswith("not measurable"):
             why = c.measured.get("not_measurable") or c.measured["error"].removeprefix("not measurable: ")
-            return entry(c, None, m, f"not measurable at this size: {why}")
+            disturbed = (m.get("calibration") or {}).get("disturbed")
+            on = f" (measured on a disturbed machine: {disturbed})" if disturbed else ""
+            return entry(c, None, m, f"not measurable at this size: {why}{on}")
         return entry(c, None, m, f"{c.impl} could not be timed: {c.measured.get('error') or 'no time was measured'}")
 
     memory = objective == "memory"

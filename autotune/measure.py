@@ -178,6 +178,9 @@ class LocalBench:
             with self.lock():
                 m = self._measure(runner, self.options.search_rounds)
                 info.update(kernel_us=m["kernel_us"], compiler_us=m["compiler_us"], **self._peaks(runner))
+                if "not_measurable" in m:  # a verdict an entry may keep: with the conditions it was reached in
+                    reading = self.calibration.read()
+                    info["calibration"] = self.calibration.record(reading, None, self.calibration.disturbed(reading))
             if "not_measurable" in m:
                 info["error"] = f"not measurable: {m['not_measurable']}"
                 return TrialResult(config, None, info)

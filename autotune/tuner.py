@@ -200,9 +200,11 @@ class Tuner:
                       and r.info["rel_err"] <= tol]
             first = (passed or results)[0]  # numerics passed but no time: why (e.g. not measurable)
             ran = any("rel_err" in r.info for r in results)  # numerics ran (maybe nan: recorded as "nan")
-            return Candidate(impl.name, first.config, {
-                "rel_err": min(errs) if errs else ("nan" if ran else None), "tolerance": tol,
-                "trials": len(results), "error": first.info.get("error", "")}, numerics_ok=bool(passed))
+            measured = {"rel_err": min(errs) if errs else ("nan" if ran else None), "tolerance": tol,
+                        "trials": len(results), "error": first.info.get("error", "")}
+            if isinstance(first.info.get("calibration"), dict):  # a time verdict keeps its conditions, judged
+                measured["calibration"] = self._judged({"calibration": dict(first.info["calibration"])})["calibration"]
+            return Candidate(impl.name, first.config, measured, numerics_ok=bool(passed))
         order = {str(sorted(c.items())): i for i, c in enumerate(impl.configs(key))}
         best = best_trial(ok, order, self.options.objective)
         final = self.search.final(key, impl, best.config, work, stop=self.over_budget)

@@ -199,3 +199,16 @@ def test_a_key_where_one_output_carries_no_gradient_is_checked_and_timed():
     w.prepare(2)
     for runner in (w.compiler(), w.kernel(impl, impl.default), w.empty()):
         runner.step(1)
+
+
+def test_a_not_measurable_verdict_reached_under_load_is_flagged_disturbed(tmp_path):
+    """No config's region is slower than the empty one, so no final comparison is measured: the entry keeps the
+    conditions of the trial that said so, and a loaded machine is flagged as it is for a timed entry."""
+    clock = FakeClock(lambda cfg: 8.0, compiler_us=9.0, empty_us=10.0)
+    t = tuner(tmp_path, clock, meter=QuietMeter(busy=[0.0] + [1.0] * 1000))
+    (e,) = t.tune(Profile([site()])).entries
+    assert e.impl is None and e.reason.startswith("not measurable at this size"), e.reason
+    assert "other processes used 1.00 cores" in e.measured["calibration"]["disturbed"], e.measured
+    assert "disturbed machine" in e.reason
+    quiet = tuner(tmp_path / "q", clock).tune(Profile([site()])).entries[0]
+    assert quiet.reason.startswith("not measurable") and "disturbed" not in quiet.measured["calibration"]
