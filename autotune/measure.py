@@ -182,6 +182,7 @@ class LocalBench:
                     reading = self.calibration.read()
                     info["calibration"] = self.calibration.record(reading, None, self.calibration.disturbed(reading))
             if "not_measurable" in m:
+                info["region"] = m["region"]
                 info["error"] = f"not measurable: {m['not_measurable']}"
                 return TrialResult(config, None, info)
             return TrialResult(config, m["speedup"], info)

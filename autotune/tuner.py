@@ -202,7 +202,8 @@ class Tuner:
             ran = any("rel_err" in r.info for r in results)  # numerics ran (maybe nan: recorded as "nan")
             measured = {"rel_err": min(errs) if errs else ("nan" if ran else None), "tolerance": tol,
                         "trials": len(results), "error": first.info.get("error", "")}
-            if isinstance(first.info.get("calibration"), dict):  # a time verdict keeps its conditions, judged
+            if isinstance(first.info.get("calibration"), dict):  # a time verdict keeps its numbers and conditions
+                measured.update({k: first.info[k] for k in ("kernel_us", "compiler_us", "region") if k in first.info})
                 measured["calibration"] = self._judged({"calibration": dict(first.info["calibration"])})["calibration"]
             return Candidate(impl.name, first.config, measured, numerics_ok=bool(passed))
         order = {str(sorted(c.items())): i for i, c in enumerate(impl.configs(key))}

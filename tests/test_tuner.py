@@ -170,10 +170,11 @@ def test_real_timing_smoke(tmp_path):
     search = Search(open_storage(f"sqlite:///{tmp_path}/s.db"), be.fingerprint(), trials=2)
     options = Options(trials=2, search_rounds=3, final_rounds=5, sets=2, retries=0)
     t = Tuner(be, search, LocalBench(be, options.measure()), options)
-    table = t.tune(Profile([site(shape=(32, 64), grad=False)]))
-    m = table.entries[0].measured
-    assert m["kernel_us"] > 0 and m["compiler_us"] > 0 and m["compile_s"]["compiler"] > 0
-    assert m["region"]["calls"] >= 1 and m["region"]["empty_us"] > 0
+    (e,) = t.tune(Profile([site(shape=(32, 64), grad=False)])).entries
+    m = e.measured  # timed, or (on a loaded machine) not measurable: the numbers that decided it, either way
+    assert m["kernel_us"] > 0 and m["compiler_us"] > 0, m
+    assert m["region"]["calls"] >= 1 and m["region"]["empty_us"] > 0 and m["calibration"]["us"] > 0
+    assert m["compile_s"]["compiler"] > 0 if "speedup" in m else e.reason.startswith("not measurable"), e.reason
 
 
 def test_source_hash_covers_the_kernel_its_helpers_and_the_reference():
