@@ -69,7 +69,7 @@ def check_one(qualname: str, key: Key, seed: int) -> CheckRow:
     configs = impl.configs(key)
     if declined or not configs:
         return CheckRow(qualname, key, None, skipped=declined or "no config admitted")
-    cfg = next((c for c in (impl.default_at(key), dict(impl.default)) if c in configs), configs[0])  # what on runs
+    cfg = impl.config_at(key)  # what on runs
     try:
         return CheckRow(qualname, key, check_impl(impl, key, cfg, torch.Generator().manual_seed(seed), device),
                         how=how)

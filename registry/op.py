@@ -216,6 +216,15 @@ class Impl:
         """The default config, fitted to ``key`` (``fit``)."""
         return {**self.default, **(self.fit(key) if self.fit is not None else {})}
 
+    def config_at(self, key: Key) -> dict[str, int] | None:
+        """The config a call at ``key`` runs where no table names one: the default fitted to it, else the default,
+        else the first config the constraint admits (None: none is)."""
+        for cfg in (self.default_at(key), dict(self.default)):
+            if self.allows(cfg, key):
+                return cfg
+        allowed = self.configs(key)
+        return allowed[0] if allowed else None
+
     def allows(self, config: Mapping[str, int], key: Key) -> bool:
         return self.constraint is None or bool(self.constraint(dict(config), key))
 

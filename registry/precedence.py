@@ -60,16 +60,6 @@ def usable(impl: Impl, key: Key, devices: set[str]) -> str | None:
     return impl.supports(key.inputs, key.attr_dict)
 
 
-def _config_for(impl: Impl, key: Key, table_config: Mapping[str, int] | None) -> dict[str, int] | None:
-    if table_config is not None:
-        return dict(table_config)
-    for cfg in (impl.default_at(key), dict(impl.default)):
-        if impl.allows(cfg, key):
-            return cfg
-    allowed = impl.configs(key)
-    return allowed[0] if allowed else None
-
-
 def _find(view: View, key: Key) -> tuple[Table, int, Entry] | None:
     """The first table's entry for ``key`` that is not stale; else the first stale one, which the caller names
     as ignored. A stale entry is as good as absent, so it does not hide a later table's valid one."""
@@ -115,7 +105,7 @@ def resolve(op: Op, key: Key, devices: set[str], view: View) -> Explanation:
         why = usable(impl, key, devices)
         if why is not None:
             return compiler(f"{impl.qualname} declines: {why}", **decided)
-        cfg = _config_for(impl, key, config)
+        cfg = dict(config) if config is not None else impl.config_at(key)
         if cfg is None:
             return compiler(f"{impl.qualname} has no config its constraint admits at this shape", **decided)
         if config is None:

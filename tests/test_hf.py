@@ -106,7 +106,7 @@ def table_for(model, inputs, tmp_path, write_table) -> str:
     entries = []
     for i, key in enumerate(load_profile(path, ops()).keys(ops())):
         impl = cpu_impl(key.op)
-        entries.append(Entry(key, impl.name if i % 2 == 0 else None, dict(impl.default) if i % 2 == 0 else {},
+        entries.append(Entry(key, impl.name if i % 2 == 0 else None, impl.config_at(key) if i % 2 == 0 else {},
                              reason="test"))
     return write_table(entries)
 
