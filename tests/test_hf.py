@@ -523,7 +523,10 @@ def test_recording_under_gradient_checkpointing_counts_the_recomputation_and_kee
     hf.patch(model, cross_entropy=False)
     model.train()
     # non-reentrant, as the docstring says: transformers 5's default (4.57's is reentrant)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.24's name; the older one warns there
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     with record(tmp_path / "p.yaml"):
         for step in range(3):
             inputs = batch(step)
