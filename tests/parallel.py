@@ -27,6 +27,8 @@ at import. What each worker has of its own and what the workers share:
 - Fixtures of module scope or wider defined in the tests (``test_cli.py``'s tuned run, ``test_workers.py``'s
   PostgreSQL server): every test using one runs on the same worker (``xdist_group``), so its setup is paid once.
   Function-scoped state (``tmp_path``, ``monkeypatch``, the ``switches`` fixture) is per test and per worker.
+- The order: after the groups, the files of the longest tests (``FIRST``), so that the run ends on short tests and
+  neither worker waits long for the other at the end.
 """
 
 from __future__ import annotations
@@ -103,11 +105,18 @@ share_numba_compiles()
 
 _WIDE = ("class", "module", "package", "session")
 
+FIRST = ("test_isolation.py", "test_workers.py", "test_cli.py", "test_selftest.py", "test_trainer.py", "test_hf.py",
+         "test_tuner.py", "test_switches.py", "test_profile.py", "test_special_values.py", "test_pack_nki.py")
+"""Files of the longest tests (real runs, processes of their own, tiny models), in the order they are handed out
+after the groups: long tests started first leave short ones for the end of the run, where a long one would keep
+one worker busy while the other has nothing left to do."""
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Tests that use a fixture of module scope or wider defined in the tests go to one xdist worker together
-    (with ``--dist loadgroup``), so the fixture is set up once; the others are spread one by one."""
+    (with ``--dist loadgroup``), so the fixture is set up once; the others are spread one by one, the files of
+    ``FIRST`` first. (xdist hands out the groups before single tests, the largest first.)"""
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         if info is None:
@@ -116,6 +125,8 @@ def pytest_collection_modifyitems(config, items):
             defs = info.name2fixturedefs.get(name)
             if defs and defs[-1].scope in _WIDE and defs[-1].baseid.startswith("tests"):
                 item.add_marker(pytest.mark.xdist_group(f"{os.path.basename(defs[-1].baseid)}:{name}"))
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(os.path.basename(str(item.path)), len(FIRST)))  # stable: files keep order
     if getattr(config.option, "loadgroup", False):
         _name_groups(items)
 

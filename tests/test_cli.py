@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -25,16 +27,32 @@ def cli(*args, cwd=None, env=None):
                           cwd=cwd, env=full_env, timeout=600)
 
 
-def cli_here(*args) -> int:
-    """The command run in this process (its exit code; its output to pytest's capture): what it refuses before
-    any work shows as well here as in a process of its own, without the second's import of torch. The console
-    script's own path, the switches read at import, is ``test_bad_switch_value_exits_2``'s."""
+def here(*args, cwd=None) -> subprocess.CompletedProcess:
+    """The command run in this process, as ``cli`` reports it (exit code, output): where the process itself is not
+    what a test is about, without a second interpreter's import of torch and the pack (5-7 s of CPU). Its
+    environment is this process's (``monkeypatch``, the ``switches`` fixture); the console script's own path, the
+    switches read at import, is ``test_bad_switch_value_exits_2``'s. ``run`` and ``check`` still start their
+    worker process."""
     from nki_autotune.autotune.cli import main
 
+    out, err, back = io.StringIO(), io.StringIO(), os.getcwd()
     try:
-        return main(list(args))
+        os.chdir(cwd or back)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in args])
     except SystemExit as e:  # argparse's usage errors
-        return e.code
+        code = e.code
+    finally:
+        os.chdir(back)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+def cli_here(*args) -> int:
+    """``here``'s exit code, its output to pytest's capture (``capsys``)."""
+    r = here(*args)
+    sys.stdout.write(r.stdout)
+    sys.stderr.write(r.stderr)
+    return r.returncode
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +67,8 @@ def tuned(tmp_path_factory):
     ]}))
     out = d / "dispatch.yaml"
     # --pause 0: on a busy machine (the other test worker compiling) the final comparison is measured again at once
-    r = cli("run", str(prof), "-o", str(out), "--trials", "2", "--rounds", "3", "--final-rounds", "6", "--pause", "0",
-            "--storage", f"sqlite:///{d}/s.db")
+    r = here("run", prof, "-o", out, "--trials", "2", "--rounds", "3", "--final-rounds", "6", "--pause", "0",
+             "--storage", f"sqlite:///{d}/s.db")
     return d, prof, out, r
 
 
@@ -63,8 +81,8 @@ def test_run_writes_a_table_and_a_summary(tuned):
     f64 = [e for e in table.entries if e.key.inputs[0].dtype == "float64"][0]
     assert f64.impl is None and "declines" in f64.reason
     f32 = [e for e in table.entries if e.key.inputs[0].dtype == "float32"][0]
-    r2 = cli("run", str(prof), "-o", str(d / "again.yaml"), "--trials", "2", "--pause", "0",
-             "--storage", f"sqlite:///{d}/s.db")
+    r2 = here("run", prof, "-o", d / "again.yaml", "--trials", "2", "--rounds", "3", "--final-rounds", "6", "--retries",
+              "0", "--pause", "0", "--storage", f"sqlite:///{d}/s.db")
     assert r2.returncode == 0, r2.stderr
     if (f32.measured.get("calibration") or {}).get("disturbed"):  # a busy machine: the next run measures it again
         assert "nothing measured" not in r2.stdout, r2.stdout
@@ -76,27 +94,27 @@ def test_run_writes_a_table_and_a_summary(tuned):
 
 def test_a_run_cut_short_by_its_budget_says_so(tuned):
     d, prof, _, _ = tuned
-    r = cli("run", str(prof), "-o", str(d / "cut.yaml"), "--budget", "0", "--storage", f"sqlite:///{d}/cut.db")
+    r = here("run", prof, "-o", d / "cut.yaml", "--budget", "0", "--storage", f"sqlite:///{d}/cut.db")
     assert r.returncode == 0, r.stderr
     assert "the --budget ran out before 1 of them were decided" in " ".join(r.stdout.split()), r.stdout
     reasons = [e.reason for e in load_table(d / "cut.yaml", ops()).entries]
     assert sum("budget exhausted before any trial ran" in x for x in reasons) == 1, reasons
     # over a finished table, a cut run writes nothing: the table it would replace is kept, as on an interrupt
     before = tuned[2].read_text()
-    r = cli("run", str(prof), "-o", str(tuned[2]), "--budget", "0", "--storage", f"sqlite:///{d}/cut2.db")
+    r = here("run", prof, "-o", tuned[2], "--budget", "0", "--storage", f"sqlite:///{d}/cut2.db")
     assert r.returncode == 1 and "dispatch.yaml is left as it was" in " ".join(r.stdout.split()), r.stdout
     assert tuned[2].read_text() == before
     # over a table cut short itself, a cut run writes its own (it may have decided more)
     marked = (d / "cut.yaml").read_text().replace("budget exhausted before any trial ran", "budget exhausted (old)")
     assert "(old)" in marked
     (d / "cut.yaml").write_text(marked)
-    r = cli("run", str(prof), "-o", str(d / "cut.yaml"), "--budget", "0", "--storage", f"sqlite:///{d}/cut3.db")
+    r = here("run", prof, "-o", d / "cut.yaml", "--budget", "0", "--storage", f"sqlite:///{d}/cut3.db")
     assert r.returncode == 0 and "(old)" not in (d / "cut.yaml").read_text(), r.stdout
 
 
 def test_show_and_diff(tuned):
     d, _, out, _ = tuned
-    r = cli("show", str(out))
+    r = here("show", out)
     assert r.returncode == 0 and "fingerprint: backend=cpu" in r.stdout and "declines" in r.stdout
     i, timed = next((i, e) for i, e in enumerate(load_table(out, ops()).entries) if "speedup" in e.measured)
     peaks = [f"{timed.measured[f'{side}_peak_mib']:g}" for side in ("kernel", "compiler")]
@@ -106,12 +124,13 @@ def test_show_and_diff(tuned):
     other["entries"][0]["choice"] = {"impl": "cpu_rows", "config": {"threads": 1, "rows_per_task": 4}} \
         if other["entries"][0]["choice"] == "compiler" else "compiler"
     (d / "other.yaml").write_text(yaml.safe_dump(other))
-    r = cli("diff", str(out), str(d / "other.yaml"))
+    r = here("diff", out, d / "other.yaml")
     assert r.returncode == 0 and "1 decision(s) changed" in r.stdout
 
 
-def test_list_shows_ops_backends_and_switches():
-    r = cli("list", env={"NKI_AUTOTUNE_KERNEL_RMSNORM": "off"})
+def test_list_shows_ops_backends_and_switches(switches):
+    switches(NKI_AUTOTUNE_KERNEL_RMSNORM="off")
+    r = here("list")
     assert r.returncode == 0
     assert "cpu_rows" in r.stdout and "rows_per_task" in r.stdout
     assert "neuron" in r.stdout and (get_backend("neuron").available() or "unavailable" in r.stdout)
@@ -121,7 +140,7 @@ def test_list_shows_ops_backends_and_switches():
 
 def test_check_passes():
     """One op's impls, native and simulated (every impl's numerics: test_pack.py, test_rmsnorm.py, test_pack_nki.py)."""
-    r = cli("check", "--ops", "rmsnorm")
+    r = here("check", "--ops", "rmsnorm")
     assert r.returncode == 0, r.stdout
     assert "rmsnorm.cpu_rows" in r.stdout and "FAIL" not in r.stdout and " 0 failed" in r.stdout
     assert "rmsnorm.nki_tiled" in r.stdout and ("simulated" in r.stdout or get_backend("neuron").available())
@@ -134,19 +153,19 @@ def test_record_runs_a_command_and_writes_its_profile(tmp_path):
         import nki_autotune.kernels as nk
         nk.rmsnorm(torch.randn(2, 16), torch.ones(16))
     """))
-    r = cli("record", "-o", str(tmp_path / "p.yaml"), "--", sys.executable, str(script), cwd=tmp_path)
+    r = here("record", "-o", str(tmp_path / "p.yaml"), "--", sys.executable, str(script), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "1 call sites, 1 unique keys" in r.stdout
-    r = cli("record", "-o", str(tmp_path / "q.yaml"), "--", sys.executable, "-c", "pass")
+    r = here("record", "-o", str(tmp_path / "q.yaml"), "--", sys.executable, "-c", "pass")
     assert r.returncode == 1 and "no profile was written" in r.stdout
-    r = cli("record", "-o", str(tmp_path / "q.yaml"), "--", sys.executable, "-c", "raise SystemExit(3)")
+    r = here("record", "-o", str(tmp_path / "q.yaml"), "--", sys.executable, "-c", "raise SystemExit(3)")
     assert r.returncode == 1 and "exited with code 3" in r.stdout
     before = (tmp_path / "p.yaml").read_text()  # a run that records nothing, or fails, keeps the earlier profile
     for command in ("pass", "raise SystemExit(3)"):
-        r = cli("record", "-o", str(tmp_path / "p.yaml"), "--", sys.executable, "-c", command)
+        r = here("record", "-o", str(tmp_path / "p.yaml"), "--", sys.executable, "-c", command)
         assert r.returncode == 1 and "p.yaml is left as it was" in r.stdout
         assert (tmp_path / "p.yaml").read_text() == before
-    r = cli("record", "-o", str(tmp_path / "p.yaml"), "--", str(tmp_path / "no-such-program"))
+    r = here("record", "-o", str(tmp_path / "p.yaml"), "--", str(tmp_path / "no-such-program"))
     assert r.returncode == 2 and "cannot run" in r.stderr and "p.yaml is left as it was" in r.stderr
     assert (tmp_path / "p.yaml").read_text() == before
 
@@ -214,13 +233,15 @@ def twice(x):
 """
 
 
-def test_record_of_a_program_with_its_own_ops_names_import(tmp_path):
+def test_record_of_a_program_with_its_own_ops_names_import(tmp_path, monkeypatch):
     """A program that registers an op of its own records it; record itself needs that module (--import) to read
-    the profile, says so, and keeps what the run wrote."""
+    the profile, says so, and keeps what the run wrote. (The record that imports it runs in a process of its own:
+    the op is not registered in the tests' process.)"""
     (tmp_path / "twice.py").write_text(TWICE)
     (tmp_path / "train.py").write_text("import torch, twice\ntwice.twice(torch.randn(3, 5))\n")
     env = {"PYTHONPATH": os.pathsep.join(filter(None, (str(tmp_path), os.environ.get("PYTHONPATH"))))}
-    r = cli("record", "-o", "p.yaml", "--", sys.executable, "train.py", cwd=tmp_path, env=env)
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])  # the recorded program's
+    r = here("record", "-o", "p.yaml", "--", sys.executable, "train.py", cwd=tmp_path)
     assert r.returncode == 2 and "calls of twice" in r.stderr and "--import MODULE" in r.stderr
     assert "twice" in (tmp_path / "p.yaml").read_text()
     r = cli("record", "-o", "p.yaml", "--import", "twice", "--", sys.executable, "train.py", cwd=tmp_path, env=env)
@@ -281,10 +302,11 @@ def test_bad_switch_value_exits_2():
     assert r.returncode == 2 and "NKI_AUTOTUNE_KERNELS='sometimes'" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_run_refuses_while_recording(tmp_path):
+def test_run_refuses_while_recording(tmp_path, monkeypatch):
     (tmp_path / "good.yaml").write_text(yaml.safe_dump({"version": 1, "sites": [GOOD]}))
     (tmp_path / "binary.yaml").write_bytes(b"version: 2\n\xff\xfe\x00entries: []\n")
-    r = cli("run", "good.yaml", "-o", "t.yaml", cwd=tmp_path, env={"NKI_AUTOTUNE_RECORD": "x.yaml"})
+    monkeypatch.setenv("NKI_AUTOTUNE_RECORD", "x.yaml")
+    r = here("run", "good.yaml", "-o", "t.yaml", cwd=tmp_path)
     assert r.returncode == 2 and "NKI_AUTOTUNE_RECORD is set" in r.stderr
     assert not (tmp_path / "t.yaml").exists() and not (tmp_path / "x.yaml").exists()
 
@@ -337,7 +359,7 @@ def test_import_registers_user_ops_for_list_check_and_run(tmp_path):
     assert r.returncode == 0 and "cpu_mul" in r.stdout and "NKI_AUTOTUNE_KERNEL_SCALE" in r.stdout
     r = cli("check", "--import", "myplugin", "--ops", "scale", env=env)
     assert r.returncode == 0 and "scale.cpu_mul" in r.stdout and " 0 failed" in r.stdout
-    r = cli("list", "--import", "no_such_plugin_xyz")
+    r = here("list", "--import", "no_such_plugin_xyz")
     assert r.returncode == 2 and "--import no_such_plugin_xyz: cannot import it" in r.stderr
 
 
@@ -345,26 +367,26 @@ def test_record_merges_the_profiles_of_ranks(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
         import os, subprocess, sys
-        import torch
         if "RANK" not in os.environ:  # a stand-in for torchrun: the same script on two ranks
             for rank in ("0", "1"):
                 subprocess.run([sys.executable, __file__], env={**os.environ, "RANK": rank, "WORLD_SIZE": "2"},
                                check=True)
             sys.exit(0)
+        import torch
         import nki_autotune.kernels as nk
         rows = 4 if os.environ["RANK"] == "0" else 6
         for _ in range(3):
             nk.rmsnorm(torch.randn(rows, 16), torch.ones(16))
     """))
     out = tmp_path / "p.yaml"
-    r = cli("record", "-o", str(out), "--", sys.executable, str(script), cwd=tmp_path)
+    r = here("record", "-o", out, "--", sys.executable, script, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "merging the profiles of 2 ranks" in r.stdout
     shapes = sorted(s["inputs"][0]["shape"][0] for s in yaml.safe_load(out.read_text())["sites"])
     assert shapes == [4, 6]
     assert (tmp_path / "p.rank0.yaml").exists() and (tmp_path / "p.rank1.yaml").exists()
     merged = tmp_path / "m.yaml"
-    r = cli("record", "-o", str(merged), "--merge", str(tmp_path / "p.rank0.yaml"), str(tmp_path / "p.rank1.yaml"))
+    r = here("record", "-o", merged, "--merge", tmp_path / "p.rank0.yaml", tmp_path / "p.rank1.yaml")
     assert r.returncode == 0 and "2 call sites" in r.stdout
 
 
@@ -396,15 +418,15 @@ def test_the_readmes_adding_a_kernel_works_as_written(tmp_path):
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr
 
 
-def test_record_saves_samples_when_the_variable_asks_for_them(tmp_path):
+def test_record_saves_samples_when_the_variable_asks_for_them(tmp_path, monkeypatch):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
         import torch
         import nki_autotune.kernels as nk
         nk.embedding(torch.tensor([[1, 2, 3]]), torch.randn(5, 4))
     """))
-    r = cli("record", "-o", str(tmp_path / "p.yaml"), "--", sys.executable, str(script), cwd=tmp_path,
-            env={"NKI_AUTOTUNE_RECORD_SAMPLES": "1"})
+    monkeypatch.setenv("NKI_AUTOTUNE_RECORD_SAMPLES", "1")
+    r = here("record", "-o", tmp_path / "p.yaml", "--", sys.executable, script, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert list((tmp_path / "p.samples").glob("*.pt")) and "samples:" in (tmp_path / "p.yaml").read_text()
 
@@ -412,13 +434,13 @@ def test_record_saves_samples_when_the_variable_asks_for_them(tmp_path):
 def test_verify_names_what_is_wrong_with_a_stale_table_or_a_step_that_is_not_one(tuned, tmp_path):
     d, _, out, _ = tuned
     (tmp_path / "s.py").write_text("def make_step():\n    return 3\n")
-    r = cli("verify", str(out), "s.py:make_step", "--rounds", "6", "--warmup", "0", cwd=tmp_path)
+    r = here("verify", out, "s.py:make_step", "--rounds", "6", "--warmup", "0", cwd=tmp_path)
     assert r.returncode == 2 and "STEP returned int, not the callable" in r.stderr, r.stderr
     stale = yaml.safe_load(out.read_text())
     for e in stale["entries"]:
         e["source"] = "0123456789abcdef"
     (tmp_path / "stale.yaml").write_text(yaml.safe_dump(stale))
-    r = cli("verify", "stale.yaml", "s.py:make_step", cwd=tmp_path)
+    r = here("verify", "stale.yaml", "s.py:make_step", cwd=tmp_path)
     assert r.returncode == 2 and "(verify measures only a table that is current on this machine)" in r.stderr
     assert "tuned for source 0123456789abcdef" in r.stderr and "NKI_AUTOTUNE_STRICT" not in r.stderr
 

@@ -12,7 +12,7 @@ from nki_autotune.autotune.verify import StepError, Verifier, load_step
 from nki_autotune.registry import Entry, Table, get_backend, get_op, load_table
 
 from .helpers import key_of
-from .test_cli import cli
+from .test_cli import here
 
 STEP = str(Path(__file__).parent / "data" / "tiny_step.py") + ":make_step"
 
@@ -112,7 +112,7 @@ def test_an_entry_chosen_for_memory_pays_where_it_lowers_the_steps_peak_and_is_n
 def test_verify_command(tmp_path):
     _, path = _table(tmp_path / "t.yaml")
     out, js = tmp_path / "pruned.yaml", tmp_path / "v.json"
-    r = cli("verify", path, STEP, "--rounds", "6", "--warmup", "1", "--prune", "-o", str(out), "--json", str(js))
+    r = here("verify", path, STEP, "--rounds", "6", "--warmup", "1", "--prune", "-o", out, "--json", js)
     assert r.returncode in (0, 1) and "failed:" not in r.stdout, r.stderr + r.stdout[-2000:]
     # 1 only when the table measured slower than every kernel off
     data = json.loads(js.read_text())
@@ -129,8 +129,8 @@ def test_verify_command(tmp_path):
     pruned = load_table(out, None)
     kept = [e["kept"] for e in data["entries"]]
     assert [e.impl is not None for e in pruned.entries] == kept
-    assert cli("verify", path, "nocolon").returncode == 2
-    assert cli("verify", path, STEP, "--prune").returncode == 2
+    assert here("verify", path, "nocolon").returncode == 2
+    assert here("verify", path, STEP, "--prune").returncode == 2
     torch._dynamo.reset()
 
 
