@@ -198,8 +198,8 @@ class Verifier:
                     raise StepError(f"STEP returned {type(v.step).__name__}, not the callable running one training "
                                     "step (make_step() -> step, step() -> loss)")
                 seen["loss"] = _loss(v.step())
-        for v in variants[3:]:
-            v.step = variants[0].step  # ablations share the table's instance (its graphs differ by one op)
+        for v in variants[1:]:  # then every variant is timed on the table's instance, its own graphs compiled
+            v.step = variants[0].step  # for its switches: two instances of one model differ by a few percent
         ref = first["off"]
         if ref.get("loss") is None and "grads" not in ref:
             raise StepError("STEP's step returned no loss (a one-element tensor or a number) and took no optimizer "
