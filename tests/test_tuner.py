@@ -172,9 +172,11 @@ def test_real_timing_smoke(tmp_path):
     t = Tuner(be, search, LocalBench(be, options.measure()), options)
     (e,) = t.tune(Profile([site(shape=(32, 64), grad=False)])).entries
     m = e.measured  # timed, or (on a loaded machine) not measurable: the numbers that decided it, either way
-    assert m["kernel_us"] > 0 and m["compiler_us"] > 0, m
-    assert m["region"]["calls"] >= 1 and m["region"]["empty_us"] > 0 and m["calibration"]["us"] > 0
-    assert m["compile_s"]["compiler"] > 0 if "speedup" in m else e.reason.startswith("not measurable"), e.reason
+    assert m["region"]["calls"] >= 1 and m["region"]["empty_us"] > 0 and m["calibration"]["us"] > 0, m
+    if "speedup" in m:
+        assert m["kernel_us"] > 0 and m["compiler_us"] > 0 and m["compile_s"]["compiler"] > 0, m
+    else:  # a side's time net of the empty region may be at or below 0 there: that is the verdict
+        assert e.reason.startswith("not measurable") and {"kernel_us", "compiler_us"} <= m.keys(), e.reason
 
 
 def test_source_hash_covers_the_kernel_its_helpers_and_the_reference():
