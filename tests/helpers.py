@@ -11,13 +11,19 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
-def run_with_grads(fn, inputs: tuple, grad_out_seed: int = 0):
-    """Outputs of ``fn(*inputs)`` and the gradients of a random projection of them w.r.t. float inputs."""
+def run_with_grads(fn, inputs: tuple, grad_out_seed: int = 0, grad_dtype: torch.dtype | None = None):
+    """Outputs of ``fn(*inputs)`` and the gradients of a random projection of them w.r.t. float inputs.
+    ``grad_dtype`` rounds the projection (the outputs' gradient) to that dtype first: a float64 reference given
+    the gradient a bfloat16 output receives, so a reduced gradient's error is the kernel's, not the rounding of
+    its input amplified by cancellation."""
     leaves = tuple(t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs)
     out = fn(*leaves)
     outs = out if isinstance(out, tuple) else (out,)
     g = torch.Generator().manual_seed(grad_out_seed)
-    loss = sum((o.double() * torch.randn(o.shape, generator=g, dtype=torch.float64)).sum() for o in outs)
+    seeds = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in outs]
+    if grad_dtype is not None:
+        seeds = [s.to(grad_dtype).double() for s in seeds]
+    loss = sum((o.double() * s).sum() for o, s in zip(outs, seeds))
     loss.backward()
     return outs, tuple(t.grad for t in leaves if t.is_floating_point())
 

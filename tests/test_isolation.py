@@ -25,7 +25,7 @@ def test_bad_impls_fail_with_their_reasons_and_the_run_goes_on(tmp_path):
          "attrs": {"alpha": 3.0}}]}))
     out, db = tmp_path / "t.yaml", f"sqlite:///{tmp_path}/s.db"
     r = cli("run", str(prof), "-o", str(out), "--import", "badplugin", "--storage", db, "--trial-timeout", "10",
-            "--trial-memory", "3", "--rounds", "3", "--final-rounds", "6", "--retries", "0",
+            "--trial-memory", "2", "--rounds", "3", "--final-rounds", "6", "--retries", "0",
             env={"PYTHONPATH": str(DATA)})
     assert r.returncode == 0, r.stderr
     (entry,) = load_table(out).entries
