@@ -33,6 +33,7 @@ from ..registry.table import OBJECTIVES
 from ..registry.yamlio import atomic_write_text, unwritable
 from ..registry.yamlio import load as load_yaml
 from . import report
+from .stats import MIN_ROUNDS
 
 
 class UsageError(Exception):
@@ -132,7 +133,8 @@ def cmd_run(args, console: Console) -> int:
             raise UsageError(f"--ops names unknown op(s) {', '.join(unknown)}; known: {', '.join(sorted(registered))}")
     options = Options(trials=args.trials, threshold=args.threshold, objective=args.objective, seed=args.seed,
                       budget_s=args.budget, mode=args.mode, ops=wanted,
-                      search_rounds=args.rounds, final_rounds=args.final_rounds, retries=args.retries,
+                      search_rounds=args.rounds, final_rounds=args.final_rounds, bench_s=args.bench_seconds or None,
+                      retries=args.retries,
                       pause_s=args.pause)
     storage_url = args.storage or default_storage()
     try:
@@ -527,9 +529,6 @@ def cmd_selftest(args, console: Console) -> int:
 # -- entry point --------------------------------------------------------------------------------------------------
 
 
-MIN_ROUNDS = 6
-"""Rounds below which no interval of a median reaches 95%: with n rounds, the one between the smallest and the
-largest covers it with probability 1 - 2 / 2^n (97% at 6, 75% at 3), and a bootstrap claims more than that."""
 
 
 def _at_least(lo: float, kind: type = int) -> Callable[[str], float]:
@@ -591,6 +590,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--rounds", type=_at_least(3), default=15, help="timed rounds per trial")
     r.add_argument("--final-rounds", type=_at_least(MIN_ROUNDS), default=40,
                    help=f"timed rounds of the final comparison (at least {MIN_ROUNDS}: see verify --rounds)")
+    r.add_argument("--bench-seconds", type=_at_least(0.0, float), default=3.0,
+                   help=f"a trial's rounds stop once they add up to this many seconds (and number {MIN_ROUNDS}), the "
+                        "final comparison's at four times it: a half-second region is not timed 40 times (0: "
+                        "always --rounds and --final-rounds)")
     r.add_argument("--retries", type=_at_least(0), default=2,
                    help="times a key is measured again when the machine was disturbed while measuring it")
     r.add_argument("--pause", type=_at_least(0.0, float), default=5.0, help="seconds to wait before measuring again")

@@ -58,6 +58,9 @@ class MeasureOptions:
     sets: int = 3
     search_rounds: int = 15
     final_rounds: int = 40
+    bench_s: float | None = 3.0
+    """A trial's timed rounds stop once they add up to this many seconds (and number ``MIN_ROUNDS``), the final
+    comparison's at four times it; None: always the rounds asked."""
     retries: int = 2
     pause_s: float = 5.0
     step_limit_s: float = 60.0
@@ -139,11 +142,11 @@ class LocalBench:
             b.kernels[k] = b.workload.kernel(get_op(self._key.op).impls[impl_name], config)
         return b.kernels[k]
 
-    def _measure(self, runner: Runner, rounds: int) -> dict[str, Any]:
+    def _measure(self, runner: Runner, rounds: int, budget_s: float | None) -> dict[str, Any]:
         """Compiler, kernel and empty region interleaved (the caller holds the machine lock)."""
         b = self._bench
         t = interleave([b.compiler, runner, b.empty], rounds, self.clock, limit_s=self.options.step_limit_s,
-                       seed=self.options.seed + rounds)
+                       seed=self.options.seed + rounds, budget_s=budget_s)
         return comparison(t, runner.name, b.workload.calls, seed=self.options.seed)
 
     def _peaks(self, runner: Runner) -> dict[str, Any]:
@@ -176,7 +179,7 @@ class LocalBench:
             runner = self._kernel(impl_name, config)
             info["compile_s"] = round(runner.compile_s, 3)
             with self.lock():
-                m = self._measure(runner, self.options.search_rounds)
+                m = self._measure(runner, self.options.search_rounds, self.options.bench_s)
                 info.update(kernel_us=m["kernel_us"], compiler_us=m["compiler_us"], **self._peaks(runner))
                 if "not_measurable" in m:  # a verdict an entry may keep: with the conditions it was reached in
                     reading = self.calibration.read()
@@ -202,7 +205,7 @@ class LocalBench:
         for attempt in range(self.options.retries + 1):
             with self.lock():
                 cal.meter.start()
-                m = self._measure(runner, self.options.final_rounds)
+                m = self._measure(runner, self.options.final_rounds, self.options.bench_s and 4 * self.options.bench_s)
                 others = cal.meter.stop()
                 reading = cal.read()
             why = cal.disturbed(reading, others)

@@ -27,7 +27,7 @@ import torch
 
 from ..registry import Backend, Impl, Key, Op
 from .inputs import carrying_gradients, make_inputs
-from .stats import median, ratio_of_medians
+from .stats import MIN_ROUNDS, median, ratio_of_medians
 
 _counter = iter(range(1 << 62))
 EMPTY_SHARE = 0.2
@@ -188,15 +188,17 @@ class Clock:
 
 
 def interleave(runners: Sequence[Runner], rounds: int, clock: Clock, warmup: int = 2,
-               limit_s: float | None = None, seed: int = 0) -> dict[str, list[float]]:
+               limit_s: float | None = None, seed: int = 0, budget_s: float | None = None) -> dict[str, list[float]]:
     """Time every runner once per round, in an order shuffled each round; warm-up rounds are dropped.
 
     Round ``r`` uses input set ``r`` (modulo the sets) for every runner. Raises TimeoutError if one step of a
-    runner takes longer than ``limit_s``.
-    """
+    runner takes longer than ``limit_s``. ``rounds`` is the most: with ``budget_s``, the rounds stop once their
+    timed steps add up to it and there are ``MIN_ROUNDS`` of them (as Triton's ``do_bench`` fits its repetitions to
+    a time), so a region of half a second is not timed forty times when fewer bound its median as well."""
     out: dict[str, list[float]] = {r.name: [] for r in runners}
     rng = random.Random(seed)
     order = list(runners)
+    spent = 0.0
     for rnd in range(warmup + rounds):
         rng.shuffle(order)
         for r in order:
@@ -205,6 +207,9 @@ def interleave(runners: Sequence[Runner], rounds: int, clock: Clock, warmup: int
                 raise TimeoutError(f"{r.name} took {t:.1f} s for one step (limit {limit_s:.0f} s)")
             if rnd >= warmup:
                 out[r.name].append(t)
+                spent += t
+        if budget_s is not None and rnd + 1 - warmup >= MIN_ROUNDS and spent >= budget_s:
+            break
     return out
 
 

@@ -31,6 +31,8 @@ class Options:
     budget_s: float | None = None
     search_rounds: int = 15
     final_rounds: int = 40
+    bench_s: float | None = 3.0
+    """Seconds after which a trial's rounds stop (``MeasureOptions.bench_s``)."""
     sets: int = 3
     mode: str | None = None
     ops: tuple[str, ...] | None = None

@@ -265,6 +265,7 @@ def test_record_of_a_program_with_its_own_ops_names_import(tmp_path, monkeypatch
     (["run", "good.yaml", "-o", "t.yaml", "--trial-timeout", "0"], "argument --trial-timeout: must be above 0"),
     (["run", "good.yaml", "-o", "t.yaml", "--trial-timeout", "inf"], "argument --trial-timeout: must be a finite"),
     (["run", "good.yaml", "-o", "t.yaml", "--budget", "nan"], "argument --budget: must be a finite number"),
+    (["run", "good.yaml", "-o", "t.yaml", "--bench-seconds", "-1"], "argument --bench-seconds: must be at least 0.0"),
     (["run", "good.yaml", "-o", "t.yaml", "--threshold", "inf"], "argument --threshold: must be a finite number"),
     (["run", "good.yaml", "-o", "t.yaml", "--threshold", "0.9"], "argument --threshold: must be at least 1.0"),
     (["show", "binary.yaml"], "binary.yaml: cannot read dispatch table: not UTF-8 text"),

@@ -93,6 +93,30 @@ def test_rounds_are_shuffled_independently_of_the_input_sets():
     assert all(len(f) == 3 for f in firsts.values())  # whoever goes first is not tied to the input set
 
 
+def test_rounds_stop_at_the_time_budget_once_there_are_enough_of_them():
+    """A region of 0.5 s: its rounds stop once their timed steps add up to the budget, never below MIN_ROUNDS;
+    warm-up is not counted, and regions cheaper than the budget run every round asked."""
+    from nki_autotune.autotune.stats import MIN_ROUNDS
+
+    class Slow(Clock):
+        def __init__(self, step_s):
+            super().__init__(sync=lambda: None)
+            self.step_s = step_s
+
+        def time(self, runner, i):
+            return self.step_s
+
+    runners = [Runner(n, lambda i: None) for n in ("compiler", "kernel", "empty")]
+    got = interleave(runners, rounds=40, clock=Slow(0.5), warmup=2, budget_s=12.0)
+    assert all(len(t) == 8 for t in got.values())  # 1.5 s a round: 12 s after 8
+    got = interleave(runners, rounds=40, clock=Slow(0.5), warmup=2, budget_s=1.0)
+    assert all(len(t) == MIN_ROUNDS for t in got.values())
+    got = interleave(runners, rounds=40, clock=Slow(1e-4), warmup=2, budget_s=1.0)
+    assert all(len(t) == 40 for t in got.values())
+    got = interleave(runners, rounds=40, clock=Slow(0.5), warmup=2)
+    assert all(len(t) == 40 for t in got.values())
+
+
 class ScalingClock(FakeClock):
     """Region time = fixed + per-call cost x calls."""
 
