@@ -134,8 +134,7 @@ def cmd_run(args, console: Console) -> int:
     options = Options(trials=args.trials, threshold=args.threshold, objective=args.objective, seed=args.seed,
                       budget_s=args.budget, mode=args.mode, ops=wanted,
                       search_rounds=args.rounds, final_rounds=args.final_rounds, bench_s=args.bench_seconds or None,
-                      retries=args.retries,
-                      pause_s=args.pause)
+                      retries=args.retries, pause_s=args.pause)
     storage_url = args.storage or default_storage()
     try:
         storage = open_storage(storage_url)
@@ -527,8 +526,6 @@ def cmd_selftest(args, console: Console) -> int:
 
 
 # -- entry point --------------------------------------------------------------------------------------------------
-
-
 
 
 def _at_least(lo: float, kind: type = int) -> Callable[[str], float]:
