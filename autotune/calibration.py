@@ -2,9 +2,14 @@
 
 Two signals. A calibration region of fixed work (compiled like the compiler baseline, so it uses every
 thread and slows down under contention the way the compiler's OpenMP code does) is timed at the start and
-between keys: a reading well above the quietest one seen, in this run or in the machine's stored quiet reference
-(``Search.calibration_reference``: kept in the study storage under the machine's fingerprint, taken on a quiet
-machine and replaced by a clearly faster quiet reading, so that load present for a whole run is seen), is drift.
+between keys: a reading well above the machine's typical quiet one, in this run (the median of its quiet readings)
+or in its stored quiet reference (``Search.calibration_reference``: kept in the study storage under the machine's
+fingerprint, a run's typical quiet reading, replaced by a clearly faster one, so that load present for a whole run
+is seen), is drift. A reading is the mean time of a step over its window, not the median: a step that loses its
+core to another process for a time slice is what contention costs, and the median of a window hides it.
+Measured on a 2-vCPU guest with nothing else running (90 readings), readings spread from 0.75x to 1.45x their
+median, so the quietest of a run was no bar (most readings were 1.25x of it); with a process spinning on one core,
+the mean was 2.8-7.7x the quiet median while the median step moved 1.17x. ``DRIFT`` lies between the two.
 And on Linux, the CPU time that other processes took while we measured (``/proc/stat`` minus this process's own
 time, steal time included: a hypervisor that gives our cores to other guests) shows a shared machine directly;
 a reading lasts at least ``MIN_WINDOW_S`` so that it is always read. A one-thread kernel hardly notices either,
@@ -24,8 +29,10 @@ from ..registry import Backend
 from .stats import median
 from .timing import Clock, Runner, fresh
 
-DRIFT = 1.25
-"""A calibration reading this many times the quietest one means the machine is disturbed."""
+DRIFT = 2.0
+"""A calibration reading this many times the typical quiet one means the machine is disturbed."""
+TYPICAL_AFTER = 3
+"""Quiet readings of a run before their median is offered as the machine's stored reference."""
 OTHERS = 0.35
 """Cores' worth of CPU taken by other processes while measuring that means the machine is shared."""
 MIN_WINDOW_S = 0.5
@@ -33,7 +40,7 @@ MIN_WINDOW_S = 0.5
 MAX_REPS = 2000
 """Most steps of the calibration region in one reading (about 1 ms each on a quiet machine)."""
 REFRESH = 1.1
-"""A quiet reading this many times faster than the stored reference replaces it."""
+"""A run's typical quiet reading this many times faster than the stored reference replaces it."""
 
 
 def against_reference(calibration: dict, reference_us: float | None) -> str | None:
@@ -95,15 +102,22 @@ class Reading:
     """Median time of the calibration region."""
     others: float | None
     """Cores' worth of CPU other processes used during the reading (None: unknown here)."""
+    drift: str | None = None
+    """Why the reading is well above the run's typical quiet one before it (None: it is not)."""
 
 
 class Calibration:
-    """The calibration region, its quietest reading so far, and the verdict on new readings."""
+    """The calibration region, its quiet readings so far, and the verdict on new readings."""
 
     def __init__(self, backend: Backend, clock: Clock, meter: LoadMeter | None = None, reps: int = 9):
         self.backend, self.clock, self.meter, self.reps = backend, clock, meter or LoadMeter(), reps
-        self.quietest: float | None = None
+        self.quiet_us: list[float] = []
         self._runner: Runner | None = None
+
+    @property
+    def typical(self) -> float | None:
+        """The median of this run's quiet readings (None before the first)."""
+        return median(self.quiet_us) if self.quiet_us else None
 
     def _region(self) -> Runner:
         if self._runner is None:
@@ -122,23 +136,26 @@ class Calibration:
         while self.meter.short() and len(times) < MAX_REPS:  # long enough for the CPU counters to mean something
             times.append(self.clock.time(runner, len(times)))
         others = self.meter.stop()
-        us = median(times) * 1e6
-        if others is None or others < OTHERS:  # only a quiet reading can set the bar
-            self.quietest = us if self.quietest is None else min(self.quietest, us)
-        return Reading(us, others)
+        us = sum(times) / len(times) * 1e6
+        typical, drift = self.typical, None
+        if typical is not None and us > DRIFT * typical:
+            drift = f"the calibration region took {us / typical:.2f}x this run's typical quiet time"
+        elif others is None or others < OTHERS:  # only a quiet reading sets the bar
+            self.quiet_us.append(us)
+        return Reading(us, others, drift)
 
     def disturbed(self, reading: Reading, others: float | None = None) -> str | None:
         """Why ``reading`` (and ``others``, the load seen during a measurement) says the machine is busy."""
         shared = max((x for x in (reading.others, others) if x is not None), default=None)
         if shared is not None and shared >= OTHERS:
             return f"other processes used {shared:.2f} cores while measuring"
-        if self.quietest is not None and reading.us > DRIFT * self.quietest:
-            return f"the calibration region took {reading.us / self.quietest:.2f}x its quietest time"
-        return None
+        return reading.drift
 
     def record(self, reading: Reading, others: float | None, why: str | None) -> dict:
         """What an entry keeps of the conditions it was measured under."""
-        out = {"us": round(reading.us, 1), "quietest_us": round(self.quietest or reading.us, 1)}
+        out = {"us": round(reading.us, 1), "typical_us": round(self.typical or reading.us, 1)}
+        if len(self.quiet_us) >= TYPICAL_AFTER:
+            out["quiet_readings"] = len(self.quiet_us)
         load = max((x for x in (reading.others, others) if x is not None), default=None)
         if load is not None:
             out["others_cores"] = round(load, 2)

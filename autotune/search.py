@@ -184,18 +184,18 @@ class Search:
 
     def calibration_reference(self) -> float | None:
         """The calibration region's time (us) on this machine when quiet, stored by an earlier run (or None)."""
-        value = self._reference_study().user_attrs.get("reference_us")
+        value = self._reference_study().user_attrs.get("typical_us")  # (a typical reading: older runs kept a fastest)
         return float(value) if isinstance(value, (int, float)) else None
 
     def offer_calibration(self, us: float, reference: float | None) -> float | None:
-        """Store ``us``, a reading taken on a quiet machine, as the reference where there is none or it is clearly
-        faster (``calibration.REFRESH``); returns the reference in force."""
+        """Store ``us``, a run's typical quiet reading, as the reference where there is none or it is clearly faster
+        (``calibration.REFRESH``); returns the reference in force."""
         from .calibration import REFRESH
 
         if reference is not None and us * REFRESH >= reference:
             return reference
         study = self._reference_study()
-        study.set_user_attr("reference_us", round(us, 1))
+        study.set_user_attr("typical_us", round(us, 1))
         study.set_user_attr("taken_at", datetime.now().isoformat(timespec="seconds"))
         return us
 

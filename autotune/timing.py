@@ -244,7 +244,13 @@ def comparison(times: dict[str, list[float]], kernel: str, calls: int, seed: int
     return out
 
 
-def choose_calls(workload: Workload, clock: Clock, max_calls: int = 64, max_bytes: int = 256 << 20,
+MAX_CALLS = 16
+"""Most calls of the op in one region. A region's compile time grows faster than its calls (the compiler's region
+of the demo's RMSNorm key: 2.4 / 3.3 / 7.6 / 33.9 s at 1 / 4 / 16 / 64 calls), and past 16 calls the empty region's
+share falls little: the last factor of four cost more than the rest of the key's tuning."""
+
+
+def choose_calls(workload: Workload, clock: Clock, max_calls: int = MAX_CALLS, max_bytes: int = 256 << 20,
                  rounds: int = 7) -> tuple[int, Runner, Runner]:
     """Calls per region so that the empty region costs under ``EMPTY_SHARE`` of the compiler region, where
     the work allows; returns the calls and the compiler and empty regions built for them.

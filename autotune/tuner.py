@@ -178,8 +178,8 @@ class Tuner:
 
     def _judged(self, final: dict[str, Any]) -> dict[str, Any]:
         """``final`` with its calibration compared with the machine's stored quiet reference as well (before it is
-        stored: a disturbed final comparison is measured again by the next run); a quiet one clearly faster than
-        the reference becomes the reference."""
+        stored: a disturbed final comparison is measured again by the next run); from a quiet one, the run's typical
+        quiet reading becomes the reference where it is clearly faster."""
         cal = final.get("calibration")
         if not isinstance(cal, dict):
             return final
@@ -187,8 +187,8 @@ class Tuner:
         if why:
             cal["disturbed"] = why
         cal["reference_us"] = self.reference  # None: no quiet reference stored yet; judged either way
-        if quiet(cal):
-            self.reference = self.search.offer_calibration(cal["us"], self.reference)
+        if quiet(cal) and cal.get("quiet_readings"):  # a run's typical quiet reading, never one lucky one
+            self.reference = self.search.offer_calibration(cal["typical_us"], self.reference)
         return final
 
     def _candidate(self, key: Key, impl: Impl, results: list[TrialResult], work: dict) -> Candidate | None:

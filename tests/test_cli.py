@@ -316,7 +316,7 @@ def test_show_and_diff_import_neither_torch_nor_kernels_and_flag_stale_entries(t
     _, _, out, _ = tuned
     doc = yaml.safe_load(out.read_text())
     doc["entries"][0].update(source="0123456789abcdef", module="nki_autotune.kernels.rmsnorm.cpu")
-    doc["entries"][0]["measured"]["calibration"] = {"us": 900.0, "quietest_us": 500.0, "disturbed": "busy"}
+    doc["entries"][0]["measured"]["calibration"] = {"us": 900.0, "typical_us": 400.0, "disturbed": "busy"}
     stale = tmp_path / "stale.yaml"
     stale.write_text(yaml.safe_dump(doc, sort_keys=False))
     code = textwrap.dedent(f"""

@@ -178,9 +178,33 @@ def test_a_disturbed_final_of_a_concurrent_worker_stands_and_the_next_run_measur
 def test_calibration_drift_is_a_disturbance():
     clock = FakeClock(None, calibration_us=1000.0)
     cal = Calibration(EagerCpu(), clock, QuietMeter())
+    assert cal.disturbed(cal.read()) is None and cal.disturbed(cal.read()) is None
+    clock.calibration_us = 1900.0  # within the spread of a quiet 2-vCPU guest's readings
     assert cal.disturbed(cal.read()) is None
-    clock.calibration_us = 1600.0
-    assert "1.60x its quietest time" in cal.disturbed(cal.read())
+    clock.calibration_us = 2600.0
+    assert "2.60x this run's typical quiet time" in cal.disturbed(cal.read())
+
+
+def test_steps_that_lose_their_core_for_a_time_slice_are_a_disturbance_though_the_median_step_is_quiet():
+    """A process spinning on one core takes whole time slices from some steps of the two-thread region and leaves
+    the others alone: the mean of a reading shows it, the median step does not."""
+    clock = FakeClock(None, calibration_us=1000.0)
+    cal = Calibration(EagerCpu(), clock, QuietMeter())
+    cal.read()
+    clock.calibration_us = lambda i: 10_000.0 if i % 3 == 0 else 1000.0  # a 10 ms slice lost every third step
+    assert "4.00x this run's typical quiet time" in cal.disturbed(cal.read())
+
+
+def test_one_lucky_fast_reading_does_not_set_the_bar():
+    """The bar is the run's typical quiet reading (their median), not its quietest: on a quiet 2-vCPU guest the
+    quietest of sixty readings was 0.75x of their median, and most readings were then 1.25x of it."""
+    clock = FakeClock(None, calibration_us=1000.0)
+    cal = Calibration(EagerCpu(), clock, QuietMeter())
+    for us in (1000.0, 1100.0, 450.0):
+        clock.calibration_us = us
+        cal.read()
+    clock.calibration_us = 1300.0
+    assert cal.typical == 1000.0 and cal.disturbed(cal.read()) is None
 
 
 def test_site_with_frozen_weight_and_no_grad_site_make_their_own_keys():
