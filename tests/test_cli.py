@@ -67,8 +67,8 @@ def tuned(tmp_path_factory):
     ]}))
     out = d / "dispatch.yaml"
     # --pause 0: on a busy machine (the other test worker compiling) the final comparison is measured again at once
-    r = here("run", prof, "-o", out, "--trials", "2", "--rounds", "3", "--final-rounds", "6", "--pause", "0",
-             "--storage", f"sqlite:///{d}/s.db")
+    r = here("run", prof, "-o", out, "--backend", "cpu", "--trials", "2", "--rounds", "3", "--final-rounds", "6",
+             "--pause", "0", "--storage", f"sqlite:///{d}/s.db")
     return d, prof, out, r
 
 
@@ -81,8 +81,8 @@ def test_run_writes_a_table_and_a_summary(tuned):
     f64 = [e for e in table.entries if e.key.inputs[0].dtype == "float64"][0]
     assert f64.impl is None and "declines" in f64.reason
     f32 = [e for e in table.entries if e.key.inputs[0].dtype == "float32"][0]
-    r2 = here("run", prof, "-o", d / "again.yaml", "--trials", "2", "--rounds", "3", "--final-rounds", "6", "--retries",
-              "0", "--pause", "0", "--storage", f"sqlite:///{d}/s.db")
+    r2 = here("run", prof, "-o", d / "again.yaml", "--backend", "cpu", "--trials", "2", "--rounds", "3",
+              "--final-rounds", "6", "--retries", "0", "--pause", "0", "--storage", f"sqlite:///{d}/s.db")
     assert r2.returncode == 0, r2.stderr
     if (f32.measured.get("calibration") or {}).get("disturbed"):  # a busy machine: the next run measures it again
         assert "nothing measured" not in r2.stdout, r2.stdout
@@ -94,21 +94,24 @@ def test_run_writes_a_table_and_a_summary(tuned):
 
 def test_a_run_cut_short_by_its_budget_says_so(tuned):
     d, prof, _, _ = tuned
-    r = here("run", prof, "-o", d / "cut.yaml", "--budget", "0", "--storage", f"sqlite:///{d}/cut.db")
+    r = here("run", prof, "-o", d / "cut.yaml", "--budget", "0", "--backend", "cpu",
+             "--storage", f"sqlite:///{d}/cut.db")
     assert r.returncode == 0, r.stderr
     assert "the --budget ran out before 1 of them were decided" in " ".join(r.stdout.split()), r.stdout
     reasons = [e.reason for e in load_table(d / "cut.yaml", ops()).entries]
     assert sum("budget exhausted before any trial ran" in x for x in reasons) == 1, reasons
     # over a finished table, a cut run writes nothing: the table it would replace is kept, as on an interrupt
     before = tuned[2].read_text()
-    r = here("run", prof, "-o", tuned[2], "--budget", "0", "--storage", f"sqlite:///{d}/cut2.db")
+    r = here("run", prof, "-o", tuned[2], "--budget", "0", "--backend", "cpu",
+             "--storage", f"sqlite:///{d}/cut2.db")
     assert r.returncode == 1 and "dispatch.yaml is left as it was" in " ".join(r.stdout.split()), r.stdout
     assert tuned[2].read_text() == before
     # over a table cut short itself, a cut run writes its own (it may have decided more)
     marked = (d / "cut.yaml").read_text().replace("budget exhausted before any trial ran", "budget exhausted (old)")
     assert "(old)" in marked
     (d / "cut.yaml").write_text(marked)
-    r = here("run", prof, "-o", d / "cut.yaml", "--budget", "0", "--storage", f"sqlite:///{d}/cut3.db")
+    r = here("run", prof, "-o", d / "cut.yaml", "--budget", "0", "--backend", "cpu",
+             "--storage", f"sqlite:///{d}/cut3.db")
     assert r.returncode == 0 and "(old)" not in (d / "cut.yaml").read_text(), r.stdout
 
 
@@ -468,7 +471,8 @@ def test_an_interrupted_run_leaves_the_table_it_would_replace_whole(tmp_path, mo
                                                   {"shape": [8], "dtype": "float32"}]}]}))
     out = tmp_path / "dispatch.yaml"
     out.write_text("the complete table of an earlier run\n")
-    rc = cli_module.main(["run", str(prof), "-o", str(out), "-q", "--storage", f"sqlite:///{tmp_path}/s.db"])
+    rc = cli_module.main(["run", str(prof), "-o", str(out), "-q", "--backend", "cpu", "--storage",
+                          f"sqlite:///{tmp_path}/s.db"])
     assert rc == 130 and len(calls) == 2
     assert out.read_text() == "the complete table of an earlier run\n"
 

@@ -157,13 +157,14 @@ def test_cross_entropy_forward(lib, lnc, b, t, v, dtype, pb, cs):
     assert_max_close(lse, want_lse, tol, tol, "lse")
 
 
-def test_cross_entropy_forward_fp32_chunk_of_the_whole_vocabulary_overflows_sbuf(lib, lnc):
+def test_cross_entropy_forward_fp32_chunk_of_the_whole_vocabulary_overflows_sbuf(lib, lnc, monkeypatch):
     """switch_transformers_full_config [4, 4096, 32128, float32, 64, 32128], reduced to T=2: the kernel keeps two
     float32 tiles of 64 x 32128 (128512 bytes per partition each) live at once, more than the usable SBUF of a
     partition (TS sbuf_fmax_bytes: 240 KiB on trn3), which the interpreter refuses by the capacity rule."""
     load, nki = lib
     forward = load("experimental.loss.cross_entropy").cross_entropy_forward
     lnc(2)
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")  # on a trn2 host too
     logits, targets = _logits(4, 2, 32128, np.float32)
     with pytest.raises(nki.NkiError, match=r"SBUF full on trn3: .* capacity 245760"):
         nki.simulate(forward)(logits_hbm=logits, targets_hbm=targets, positions_per_batch=64, chunk_size=32128,

@@ -284,8 +284,8 @@ def test_run_tunes_a_profile_with_null_into_a_table_dispatch_follows(profile, tm
     data["sites"] = data["sites"][:1]
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
     out = tmp_path / "dispatch.yaml"
-    assert main(["run", str(tmp_path / "p.yaml"), "-o", str(out), "-q", "--import", __name__, "--trials", "1",
-                 "--rounds", "3", "--final-rounds", "6", "--retries", "0", "--storage",
+    assert main(["run", str(tmp_path / "p.yaml"), "-o", str(out), "-q", "--backend", "cpu", "--import", __name__,
+                 "--trials", "1", "--rounds", "3", "--final-rounds", "6", "--retries", "0", "--storage",
                  f"sqlite:///{tmp_path}/s.db"]) == 0
     (entry,) = yaml.safe_load(out.read_text())["entries"]
     assert entry["inputs"][2] is None and entry["attrs"] == {"scale": None} and entry["measured"]["rel_err"] < 1e-5

@@ -96,6 +96,20 @@ STRIDED_ROWS = {  # (shape, strides) of x: its rows contiguous, its leading dims
 }
 
 
+@pytest.mark.parametrize("layout", STRIDED_ROWS)
+def test_each_program_of_an_lnc_2_launch_keeps_its_weight_gradient(monkeypatch, layout):
+    """trn2's default LNC is 2: the second program's share of the row tiles, accumulated in PSUM, is its partial of
+    the weight gradient even where the tiles, cut at each head, outnumber rows / rows_per_tile."""
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    shape, strides = STRIDED_ROWS[layout]
+    specs = (TensorSpec(shape, "float32", strides, requires_grad=True),
+             TensorSpec(shape[-1:], "float32", requires_grad=True))
+    k = Key.of(RMSNORM, specs, {"eps": 1e-6, "offset": 0.0}, "training")
+    for cfg in (dict(NKI_TILED.default), {"rows_per_tile": 32, "chunk": 128, "dw_in_psum": 1}):
+        res = check_impl(NKI_TILED, k, cfg, torch.Generator().manual_seed(7))
+        assert res.ok, (cfg, res)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("offset", [0.0, 1.0], ids=["llama", "gemma"])
 @pytest.mark.parametrize("layout", STRIDED_ROWS)

@@ -10,6 +10,8 @@ empty outputs of the shapes the kernel produces, as TorchNeuron's fake rule does
 
 from __future__ import annotations
 
+import importlib.machinery
+import os
 import sys
 import types
 
@@ -52,7 +54,10 @@ class StandIn:
         utils = types.ModuleType("torch_neuronx.utils")
         mod.nki_op, mod.wrap_nki, mod.synchronize, mod.utils = self.nki_op, self.wrap_nki, self.synchronize, utils
         utils.get_platform_target = lambda: self.target
-        utils.get_logical_neuron_cores = lambda: str(self.lnc)
+        # as TorchNeuron's: the variable where it is set, else the instance's default
+        utils.get_logical_neuron_cores = lambda: os.environ.get("NEURON_LOGICAL_NC_CONFIG") or str(self.lnc)
+        for m in (mod, utils):  # importable as the installed package is: importlib.util.find_spec reads __spec__
+            m.__spec__ = importlib.machinery.ModuleSpec(m.__name__, None)
         monkeypatch.setitem(sys.modules, "torch_neuronx", mod)
         monkeypatch.setitem(sys.modules, "torch_neuronx.utils", utils)
         return self

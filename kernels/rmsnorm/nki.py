@@ -108,7 +108,9 @@ def rmsnorm_bwd(dy, x, lead, w, offset, rstd, rows_per_tile, chunk, dw_in_psum):
     acc_ps = [nl.ndarray((1, chunk), dtype=nl.float32, buffer=nl.psum) for _ in range(n_chunks if dw_in_psum else 0)]
     acc_sb = nl.ndarray((1, d), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=acc_sb, value=0.0)  # a program may own no row tile: its partial is zero
+    owned = 0  # row tiles this program took (tiles stay within a head: there may be more than rows / p)
     for t, (_, r0, n, at, step) in enumerate(mine(strided_row_tiles(lead, p))):
+        owned += 1
         dyt = nl.ndarray((p, d), dtype=dy.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=dyt[0:n, :], src=dy[r0:r0 + n, :])
         xt = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
@@ -146,7 +148,7 @@ def rmsnorm_bwd(dy, x, lead, w, offset, rstd, rows_per_tile, chunk, dw_in_psum):
                 nisa.nc_matmul(dst=ps[:, 0:m], stationary=ones[0:n, :], moving=g[0:n, c0:c0 + m], accumulate=False)
                 nisa.tensor_tensor(dst=acc_sb[:, c0:c0 + m], data1=acc_sb[:, c0:c0 + m], data2=ps[:, 0:m],
                                    op=nl.add)
-    if dw_in_psum and n_rows > nl.program_id(0) * p:  # the program accumulated at least one tile
+    if dw_in_psum and owned:  # the program accumulated at least one tile
         for ci in range(n_chunks):
             c0 = ci * chunk
             m = min(chunk, d - c0)
