@@ -99,7 +99,7 @@ class LoadMeter:
 @dataclass(frozen=True)
 class Reading:
     us: float
-    """Median time of the calibration region."""
+    """Mean time of a step of the calibration region over the reading's window."""
     others: float | None
     """Cores' worth of CPU other processes used during the reading (None: unknown here)."""
     drift: str | None = None
@@ -126,7 +126,8 @@ class Calibration:
             b = torch.randn(192, 512, generator=g).to(self.backend.device)
             compiled = self.backend.compile(fresh(lambda a, b: torch.nn.functional.gelu(a @ b).softmax(-1).sum(0)))
             self._runner = Runner("calibration", lambda i: compiled(a, b))
-            self._runner.step(0)
+            for i in range(3):  # compiled, then warm: a reading is a mean, and a cold first step would weigh in it
+                self._runner.step(i)
         return self._runner
 
     def read(self) -> Reading:
@@ -153,7 +154,9 @@ class Calibration:
 
     def record(self, reading: Reading, others: float | None, why: str | None) -> dict:
         """What an entry keeps of the conditions it was measured under."""
-        out = {"us": round(reading.us, 1), "typical_us": round(self.typical or reading.us, 1)}
+        out: dict = {"us": round(reading.us, 1)}
+        if self.typical is not None:
+            out["typical_us"] = round(self.typical, 1)
         if len(self.quiet_us) >= TYPICAL_AFTER:
             out["quiet_readings"] = len(self.quiet_us)
         load = max((x for x in (reading.others, others) if x is not None), default=None)
