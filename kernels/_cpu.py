@@ -321,30 +321,53 @@ def as_rows(t: torch.Tensor) -> np.ndarray:
     return a.reshape(math.prod(t.shape[:-1]), t.shape[-1] if t.dim() else 1)
 
 
-def rows_of(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None]:
-    """``t``'s rows (its last dim contiguous) as kernels read them through ``row``: ``as_rows(t)`` and None where the
-    leading dims collapse into one row axis (``rows_view``); else, with no copy, the span of ``t``'s memory as one
-    flat array and each row's start in it, rows in ``t``'s row-major order (Hugging Face's per-head q/k,
-    ``view(b, s, h, d).transpose(1, 2)``)."""
-    if t.dim() <= 2 or t.is_contiguous() or t.numel() == 0 or rows_view(tuple(t.shape), tuple(t.stride())):
-        return as_rows(t), None
+def rows_of(t: torch.Tensor) -> tuple[int, int, int, np.ndarray | None]:
+    """``t``'s rows (its last dim contiguous) as kernels read them through ``at`` and ``row``: the address of its
+    first element, the elements its rows span, and where the leading dims collapse into one row axis
+    (``rows_view``) the stride between rows and None; else, with no copy, 0 and each row's start, rows in ``t``'s
+    row-major order (Hugging Face's per-head q/k, ``view(b, s, h, d).transpose(1, 2)``). Addresses, not numpy
+    views: a view costs about a microsecond a tensor, which at a norm's small calls is more than its kernel."""
+    if t.is_contiguous():
+        return t.data_ptr(), t.numel(), t.shape[-1] if t.dim() else 1, None
+    shape, strides = tuple(t.shape), t.stride()
+    d = shape[-1]
+    if t.numel() == 0:
+        return t.data_ptr(), 0, d, None
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+    if rows_view(shape, strides):
+        leading = [s for n, s in zip(shape[:-1], strides[:-1]) if n != 1]
+        return t.data_ptr(), span, leading[-1] if leading else d, None
     starts = np.zeros(1, np.int64)
-    for n, s in zip(t.shape[:-1], t.stride()[:-1]):
+    for n, s in zip(shape[:-1], strides[:-1]):
         starts = (starts[:, None] + np.arange(n, dtype=np.int64) * s).reshape(-1)
-    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
-    return array(t.detach().as_strided((span,), (1,))), starts
+    return t.data_ptr(), span, 0, starts
 
 
-def row(a, starts, r, d):
-    """Row ``r`` (of ``d`` elements) of rows from ``rows_of``: ``a[r]``, or the ``d`` elements from ``starts[r]``."""
+@intrinsic
+def _pointer(typingctx, address):
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+
+    return nbtypes.voidptr(nbtypes.intp), codegen
+
+
+@numba.njit(inline="always")
+def at(address, shape, dtype):
+    """The array of ``shape`` and ``dtype`` at ``address`` (a tensor's ``data_ptr()``, alive for the call)."""
+    return numba.carray(_pointer(address), shape, dtype)
+
+
+def row(a, starts, stride, r, d):
+    """Row ``r`` (of ``d`` elements) of rows from ``rows_of`` over ``a`` (``at`` its address and span): the ``d``
+    elements from ``r * stride``, or from ``starts[r]``."""
     raise NotImplementedError("row runs only inside numba kernels")
 
 
 @overload(row, inline="always", jit_options=_OPTS)
-def _row(a, starts, r, d):
+def _row(a, starts, stride, r, d):
     if isinstance(starts, nbtypes.NoneType):
-        return lambda a, starts, r, d: a[r]
-    return lambda a, starts, r, d: a[starts[r]:starts[r] + d]
+        return lambda a, starts, stride, r, d: a[r * stride:r * stride + d]
+    return lambda a, starts, stride, r, d: a[starts[r]:starts[r] + d]
 
 
 def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:

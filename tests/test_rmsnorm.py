@@ -82,15 +82,25 @@ def test_only_weight_requires_grad(switches, gen):
     assert rel_err(w.grad, w64.grad) < 1e-5
 
 
-def test_gradient_flows_through_a_strided_rows_view(switches, gen):
-    """A slice of a wider tensor: rows are strided, the last dim is contiguous; the kernel takes it."""
+@pytest.mark.parametrize("wide, cut", [((12, 100), (slice(None), slice(10, 74))),
+                                       ((2, 3, 100), (..., slice(10, 74)))])
+def test_gradient_flows_through_a_strided_rows_view(switches, gen, wide, cut):
+    """A slice of a wider tensor (2-D, or 3-D whose leading dims collapse into rows 100 elements apart): rows are
+    strided, the last dim is contiguous; the kernel reads them in place, forward and backward."""
     switches(NKI_AUTOTUNE_KERNELS="on")
-    wide, w = _inputs((12, 100), gen)
-    x = wide[:, 10:74]
+    big = _inputs(wide, gen)[0].requires_grad_()
+    w = torch.randn(64, generator=gen, requires_grad=True)
+    x = big[cut]
     assert not x.is_contiguous()
-    assert explain("rmsnorm", x, w[:64]).path == "kernel"
-    got = nk.rmsnorm(x, w[:64].contiguous())
-    assert rel_err(got, reference(x.double(), w[:64].double(), 1e-6)) < 1e-5
+    assert explain("rmsnorm", x, w).path == "kernel"
+    got = nk.rmsnorm(x, w)
+    g = torch.randn(got.shape, generator=gen)
+    dbig, dw = torch.autograd.grad(got, (big, w), g)
+    xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = reference(xd, wd, 1e-6)
+    dx_ref, dw_ref = torch.autograd.grad(ref, (xd, wd), g.double())
+    assert rel_err(got, ref) < 1e-5
+    assert rel_err(dbig[cut], dx_ref) < 1e-5 and rel_err(dw, dw_ref) < 1e-5
 
 
 def _hf_heads(gen, dtype, b=2, s=5, h=3, d=24):

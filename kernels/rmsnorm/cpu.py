@@ -9,8 +9,9 @@ parallel launch, which costs more than small inputs take. float32 or bfloat16, c
 weight gradient is summed in float64 and rounded once). The scale is ``offset + weight`` (Gemma's ``1 + weight``),
 taken in float32 as Gemma takes it; no weight is a weight of ones at offset 0 (an exact product).
 x is read in place in any layout whose last dim is contiguous (``rows_of``): rows whose leading dims collapse into
-one axis as a [rows, D] view, any others (Gemma 3's per-head q/k, [b, h, s, d] over [b, s, h, d]) through each row's
-start; y, rstd and dx are contiguous, and dy is made so by the registry.
+one axis at the stride between rows, any others (Gemma 3's per-head q/k, [b, h, s, d] over [b, s, h, d]) through each
+row's start; y, rstd and dx are contiguous, and dy is made so by the registry. The kernels take tensors by address
+(``at``), the weight as a numpy view that gives them the element type.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .._cpu import (
     ELEMENTWISE,
     FLOATS,
     array,
-    as_rows,
+    at,
     cast_to,
     empty_like,
     f32,
@@ -47,15 +48,16 @@ _PARALLEL_SUM = 1 << 17
 costs about what they save (128 x 512 partials in a training step: 40 us parallel)."""
 
 
-def _forward_body(x, xs, w, offset, eps, rows, y, rstd):
-    n, d = y.shape
+def _forward_body(xp, span, stride, xs, w, offset, eps, rows, n, yp, rp):
+    d = w.shape[0]
+    x, y, rstd = at(xp, span, w.dtype), at(yp, (n, d), w.dtype), at(rp, n, np.float32)
     tasks = (n + rows - 1) // rows
     inv_d = np.float32(1.0) / np.float32(d)
     o = np.float32(offset)
     for t in prange(tasks):
         r1 = min(n, (t + 1) * rows)
         for r in range(t * rows, r1):
-            xr = row(x, xs, r, d)
+            xr = row(x, xs, stride, r, d)
             acc = np.float32(0.0)  # fastmath: a vectorised sum, several partial sums in flight
             for j in range(d):
                 v = f32(xr[j])
@@ -83,9 +85,10 @@ def _row_dot_body(dy, w, offset, x):
     return acc
 
 
-def _backward_body(dy, x, xs, w, offset, rstd, rows, dx, partial):
-    n, d = dx.shape
-    tasks = partial.shape[0]
+def _backward_body(dyp, xp, span, stride, xs, w, offset, rp, rows, n, dxp, pp, tasks):
+    d = w.shape[0]
+    dy, x, rstd = at(dyp, (n, d), w.dtype), at(xp, span, w.dtype), at(rp, n, np.float32)
+    dx, partial = at(dxp, (n, d), w.dtype), at(pp, (tasks, d), np.float32)
     o = np.float32(offset)
     for t in prange(tasks):
         p = partial[t]
@@ -94,7 +97,7 @@ def _backward_body(dy, x, xs, w, offset, rstd, rows, dx, partial):
         r1 = min(n, (t + 1) * rows)
         for r in range(t * rows, r1):
             s = rstd[r]
-            xr = row(x, xs, r, d)
+            xr = row(x, xs, stride, r, d)
             acc = _row_dot(dy[r], w, o, xr)
             # the products in the order autograd takes them through x * rsqrt(mean(x^2) + eps) * w, so that
             # a huge dy or x overflows (or not) where the expression does: dy * w, then times rstd or x;
@@ -131,30 +134,30 @@ def forward(tensors: tuple, attrs: dict, config: dict) -> tuple[torch.Tensor, to
     x, w = tensors
     w, offset = scale(x, w, attrs)
     y = empty_like(x)
-    ya = as_rows(y)
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32)
-    threads = config["threads"]
-    launch(_forward, threads, *rows_of(x), array(w), offset, attrs["eps"], max(1, -(-ya.shape[0] // threads)), ya,
-           array(rstd).reshape(-1))
+    n, threads = rstd.numel(), config["threads"]
+    launch(_forward, threads, *rows_of(x), array(w), offset, attrs["eps"], max(1, -(-n // threads)), n,
+           y.data_ptr(), rstd.data_ptr())
     return y, rstd
 
 
 def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: dict, needs: tuple) -> tuple:
     (dy,), (x, w), (_, rstd) = grads, tensors, results
+    dy = dy.contiguous()  # (the registry passes it so: then this is dy itself)
     w, offset = scale(x, w, attrs)  # w None: no weight, or only its gradient is needed (dx is then dropped)
     dx = empty_like(x)
-    dxa = as_rows(dx)
-    d = dxa.shape[1]
+    n, d = rstd.numel(), x.shape[-1]
     rows = config["rows_per_task"]
-    tasks = -(-dxa.shape[0] // rows)
-    partial = torch.empty((tasks, d))  # torch's allocator reuses freed pages
+    tasks = -(-n // rows)
+    partial = torch.empty(tasks * d, dtype=torch.float32)  # one task's partial row is the weight's gradient
     threads = config["threads"]
-    launch(_backward, threads, as_rows(dy), *rows_of(x), array(w), offset, array(rstd).reshape(-1), rows, dxa,
-           partial.numpy())
-    if tasks == 1:  # one task's partial row is the weight's gradient
-        return dx, rounded(partial.view(d), x.dtype)
+    launch(_backward, threads, dy.data_ptr(), *rows_of(x), array(w), offset, rstd.data_ptr(), rows, n, dx.data_ptr(),
+           partial.data_ptr(), tasks)
+    if tasks == 1:
+        return dx, rounded(partial, x.dtype)
     dw = torch.empty(d, dtype=torch.float32)  # rounded once to a bfloat16 weight's dtype
-    launch(_column_sum, threads if d > _COLS and tasks * d >= _PARALLEL_SUM else 1, partial.numpy(), dw.numpy())
+    launch(_column_sum, threads if d > _COLS and tasks * d >= _PARALLEL_SUM else 1, partial.numpy().reshape(tasks, d),
+           dw.numpy())
     return dx, rounded(dw, x.dtype)
 
 
