@@ -28,7 +28,10 @@ test: $(STAMP)
 # The main job: record the example's training step (a Hugging Face Llama patched with the pack), tune
 # every call site against the compiler (studies in the embedded SQLite default, so a second run reuses
 # them), show the table, then verify the full step: the table against every kernel off and every kernel
-# on, and each enabled entry switched off alone.
+# on, and each enabled entry switched off alone. The demo tunes for peak memory (a kernel is enabled where
+# it lowers its region's peak by 10% or more and is not slower): on these 2-core CPUs the pack's kernels
+# are at parity in time with the compiler's code at the example's shapes, the fused head and loss halves
+# the step's peak (README, "Measured here"); `nki-autotune run` alone tunes for time.
 # The Hugging Face tests against the oldest transformers the `hf` extra admits (kernels/hf/version.py: SUPPORTED),
 # in a venv of its own; `make test` tests the newest.
 HF_OLDEST      ?= 4.57
@@ -48,7 +51,7 @@ test-hf-oldest: $(OLDEST_STAMP)
 demo: $(STAMP)
 	mkdir -p out
 	$(VENV)/bin/nki-autotune record -o out/profile.yaml -- $(PY) examples/train.py --steps 3
-	$(VENV)/bin/nki-autotune run out/profile.yaml -o out/dispatch.yaml --trials 4
+	$(VENV)/bin/nki-autotune run out/profile.yaml -o out/dispatch.yaml --trials 4 --objective memory
 	$(VENV)/bin/nki-autotune show out/dispatch.yaml
 	$(VENV)/bin/nki-autotune verify out/dispatch.yaml examples/train.py:make_step --rounds 12 --json out/verify.json
 

@@ -86,7 +86,7 @@ def _report(table_ms, off_ms, savings, peaks=None, objective="time"):
 
 
 def test_verdict_and_prune():
-    _, r = _report(100.0, 90.0, [])
+    _, r = _report(100.0, 90.0, [0.0])
     assert r.slower and "slower" in r.verdict
     v, r = _report(90.0, 100.0, [2.0, -1.0])
     assert not r.slower and "faster" in r.verdict
@@ -94,6 +94,20 @@ def test_verdict_and_prune():
     pruned = v.pruned(r)
     assert pruned.entries[0].impl == "cpu_rows" and pruned.entries[1].impl is None
     assert pruned.entries[1].reason.startswith("verify: does not pay in the full step (realized saving -1.000")
+
+
+def test_a_table_that_enables_no_kernel_is_never_judged_slower():
+    """Every entry the compiler's: the table runs what every kernel off runs, so a slower reading is the step's own
+    spread (an A/A comparison), not a verdict on the table; ``verify`` exits 0 for it."""
+    v, r = _report(100.0, 90.0, [])
+    assert not r.slower and "enables no kernel" in r.verdict and "0.900x" in r.verdict
+    v.table = Table({}, [Entry(key_of("softmax", "training", [((4, 4), "float32")], {"dim": -1}), None, {},
+                               reason="compiler")])
+    from nki_autotune.autotune.verify import Variant
+
+    variants = [Variant(n, {}, times=[ms / 1e3] * 9) for n, ms in (("table", 100.0), ("off", 90.0), ("on", 90.0))]
+    r = v._report(variants, {"table": {"ok": True}, "on": {"ok": True}})
+    assert not r.slower and r.as_json()["slower"] is False and "enables no kernel" in r.verdict
 
 
 def test_an_entry_chosen_for_memory_pays_where_it_lowers_the_steps_peak_and_is_not_slower():
