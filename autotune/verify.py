@@ -264,8 +264,9 @@ class Verifier:
                 "kept": (peak_saving or 0) > 0 and hi >= 0 if by_memory else saving > 0,
             })
         t = speedups["table over off"]
-        slower = t["ci95"][1] < 1.0 and bool(self.enabled())
-        if not self.enabled():  # the same code as every kernel off: what it measures is the step's own spread
+        some = bool(self.enabled())
+        slower = t["ci95"][1] < 1.0 and some
+        if not some:  # the same code as every kernel off: what it measures is the step's own spread
             verdict = f"the table enables no kernel: every call site runs the compiler's code, as with every kernel " \
                       f"off ({t['speedup']:.3f}x, 95% CI {t['ci95'][0]:.3f}-{t['ci95'][1]:.3f}, the same code timed " \
                       "twice)"

@@ -3,8 +3,8 @@
 For each key, in this process as a worker runs it: preparing the key (compiling the compiler's and the empty
 regions), one trial of the kernel at its default config (compile, numerics, timed rounds, the kernel's memory pass
 and, first of the key, the compiler's) and the final comparison (timed rounds, the kernel's memory pass). Printed:
-each memory pass's time, and what the passes add to a key tuned as ``make demo`` tunes it (``--trials 6``: the
-compiler's pass once, the kernel's in each of 6 trials and in the final comparison), against the time of the key
+each memory pass's time, and what the passes add to a key tuned with ``--trials 6`` (``make demo`` runs 4): the
+compiler's pass once, the kernel's in each of 6 trials and in the final comparison, against the time of the key
 without them. Run: ``pytest benchmarks/test_memory_pass.py -s`` (part of ``make bench``).
 """
 

@@ -49,9 +49,10 @@ def batches(seed: int = 0) -> Iterator[dict[str, torch.Tensor]]:
 
 def optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
     """AdamW, fused: one pass over each parameter, its moments and its gradient (11 ms a step on this model here,
-    against 72 ms for ``foreach``, PyTorch's default, which also holds a copy of the second moment's square root,
-    65 MiB, beside the gradients: that copy, not the model, was the step's peak). Training stacks default to it
-    (torchtitan); both sides of every comparison run it."""
+    against 72 ms for ``foreach``, which the example asked for until then, and 98 ms for the for-loop, PyTorch's
+    default on the CPU; ``foreach`` also holds a copy of the second moment's square root, 65 MiB, beside the
+    gradients: that copy, not the model, was the step's peak). Training stacks default to it (torchtitan); both sides
+    of every comparison run it."""
     return torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
 
 

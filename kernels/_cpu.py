@@ -333,10 +333,12 @@ def rows_of(t: torch.Tensor) -> tuple[int, int, int, np.ndarray | None]:
     d = shape[-1]
     if t.numel() == 0:
         return t.data_ptr(), 0, d, None
+    if d > 1 and strides[-1] != 1:
+        raise ValueError(f"rows of stride {strides[-1]} (the kernels read a row's elements side by side)")
     span = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
     if rows_view(shape, strides):
-        leading = [s for n, s in zip(shape[:-1], strides[:-1]) if n != 1]
-        return t.data_ptr(), span, leading[-1] if leading else d, None
+        dims = _leading(shape, strides)
+        return t.data_ptr(), span, dims[-1][1] if dims else d, None
     starts = np.zeros(1, np.int64)
     for n, s in zip(shape[:-1], strides[:-1]):
         starts = (starts[:, None] + np.arange(n, dtype=np.int64) * s).reshape(-1)
@@ -422,11 +424,17 @@ def thread_choices() -> tuple[int, ...]:
     return tuple(sorted(set(out)))
 
 
+def _leading(shape: tuple[int, ...], strides: tuple[int, ...]) -> list[tuple[int, int]]:
+    """The leading dims (all but the last) of more than one element, as (size, stride): a dim of one element has
+    no stride that matters."""
+    return [(n, s) for n, s in zip(shape[:-1], strides[:-1]) if n != 1]
+
+
 def rows_view(spec_shape: tuple[int, ...], strides: tuple[int, ...] | None) -> bool:
     """Whether a tensor's leading dims collapse into one row axis (so ``reshape(-1, D)`` is a view)."""
     if strides is None or len(spec_shape) <= 2:
         return True
-    dims = [(n, s) for n, s in zip(spec_shape[:-1], strides[:-1]) if n != 1]
+    dims = _leading(spec_shape, strides)
     return all(s_outer == s_inner * n_inner for (_, s_outer), (n_inner, s_inner) in zip(dims, dims[1:]))
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nki_autotune.autotune.verify import StepError, Verifier, load_step
+from nki_autotune.autotune.verify import StepError, Variant, Verifier, load_step
 from nki_autotune.registry import Entry, Table, get_backend, get_op, load_table
 
 from .helpers import key_of
@@ -72,8 +72,6 @@ def _report(table_ms, off_ms, savings, peaks=None, objective="time"):
     """A report from given step times (and, given ``peaks``, MiB of the table, off, on and each ablation)."""
     v = Verifier(Table({}, []), "t.yaml", lambda: None)
     times = {"table": [table_ms / 1e3] * 9, "off": [off_ms / 1e3] * 9, "on": [off_ms / 1e3] * 9}
-    from nki_autotune.autotune.verify import Variant
-
     peaks = [int(p * 2**20) for p in peaks] if peaks else [None] * (3 + len(savings))
     variants = [Variant(n, {}, times=t, peak=p) for (n, t), p in zip(times.items(), peaks)]
     v.table = Table({}, [Entry(key_of("softmax", "training", [((4, 4), "float32")], {"dim": -1}), "cpu_rows",
@@ -103,8 +101,6 @@ def test_a_table_that_enables_no_kernel_is_never_judged_slower():
     assert not r.slower and "enables no kernel" in r.verdict and "0.900x" in r.verdict
     v.table = Table({}, [Entry(key_of("softmax", "training", [((4, 4), "float32")], {"dim": -1}), None, {},
                                reason="compiler")])
-    from nki_autotune.autotune.verify import Variant
-
     variants = [Variant(n, {}, times=[ms / 1e3] * 9) for n, ms in (("table", 100.0), ("off", 90.0), ("on", 90.0))]
     r = v._report(variants, {"table": {"ok": True}, "on": {"ok": True}})
     assert not r.slower and r.as_json()["slower"] is False and "enables no kernel" in r.verdict

@@ -10,8 +10,8 @@ weight gradient is summed in float64 and rounded once). The scale is ``offset + 
 taken in float32 as Gemma takes it; no weight is a weight of ones at offset 0 (an exact product).
 x is read in place in any layout whose last dim is contiguous (``rows_of``): rows whose leading dims collapse into
 one axis at the stride between rows, any others (Gemma 3's per-head q/k, [b, h, s, d] over [b, s, h, d]) through each
-row's start; y, rstd and dx are contiguous, and dy is made so by the registry. The kernels take tensors by address
-(``at``), the weight as a numpy view that gives them the element type.
+row's start; y, rstd and dx are contiguous, and the backward makes dy so (the registry passes it so). The kernels
+take tensors by address (``at``), the weight as a numpy view that gives them the element type.
 """
 
 from __future__ import annotations
@@ -143,7 +143,8 @@ def forward(tensors: tuple, attrs: dict, config: dict) -> tuple[torch.Tensor, to
 
 def backward(grads: tuple, tensors: tuple, results: tuple, attrs: dict, config: dict, needs: tuple) -> tuple:
     (dy,), (x, w), (_, rstd) = grads, tensors, results
-    dy = dy.contiguous()  # (the registry passes it so: then this is dy itself)
+    if dy.dtype is not x.dtype or not dy.is_contiguous():  # read at x's element type (the registry passes it so)
+        dy = dy.to(x.dtype).contiguous()
     w, offset = scale(x, w, attrs)  # w None: no weight, or only its gradient is needed (dx is then dropped)
     dx = empty_like(x)
     n, d = rstd.numel(), x.shape[-1]
