@@ -84,6 +84,9 @@ class Variant:
     """For an ablation: the index of the entry switched off."""
     peak: int | None = None
     """Bytes: the peak memory of one step above what was live before it."""
+    same_as: str | None = None
+    """The variant whose code this one runs, whose times and peak it takes instead of being timed again: the table
+    without its only enabled entry runs what every kernel off runs."""
 
 
 @contextmanager
@@ -179,7 +182,9 @@ class Verifier:
         out = [Variant("table", {TABLE: self.path}), Variant("off", {KERNELS: "off"}),
                Variant("on", {TABLE: self.path, KERNELS: "on"})]  # on: the table's impls and configs where it names one
         if self.ablate:
-            out += [Variant(f"without entries[{i}]", {TABLE: self._without(i)}, entry=i) for i in self.enabled()]
+            enabled = self.enabled()
+            same = "off" if len(enabled) == 1 else None  # without its only kernel the table is every kernel off
+            out += [Variant(f"without entries[{i}]", {TABLE: self._without(i)}, entry=i, same_as=same) for i in enabled]
         return out
 
     def run(self) -> Report:
@@ -213,13 +218,14 @@ class Verifier:
                 row["grad_rel_diff"] = _rel(torch.cat(got["grads"]), torch.cat(ref["grads"]))
             row["ok"] = bool(row) and all(x <= self.tolerance for x in row.values())
             numerics[name] = row
-        self.say(f"warm-up: {len(variants)} variants x {self.warmup} steps")
-        for v in variants:
+        timed = [v for v in variants if v.same_as is None]
+        self.say(f"warm-up: {len(timed)} variants x {self.warmup} steps")
+        for v in timed:
             with scope(**v.env):
                 for _ in range(self.warmup):
                     v.step()
         rng = random.Random(self.seed)
-        order = list(variants)
+        order = list(timed)
         for r in range(self.rounds):
             rng.shuffle(order)
             for v in order:
@@ -228,10 +234,14 @@ class Verifier:
                     v.step()
                     v.times.append(time.perf_counter() - t0)
             self.say(f"round {r + 1}/{self.rounds}")
-        self.say(f"peak memory: one more step of each of the {len(variants)} variants")
-        for v in variants:
+        self.say(f"peak memory: one more step of each of the {len(timed)} variants")
+        for v in timed:
             with scope(**v.env):
                 v.peak = self.peak(v.step)
+        by = {v.name: v for v in variants}
+        for v in variants:
+            if v.same_as is not None:
+                v.times, v.peak = by[v.same_as].times, by[v.same_as].peak
         return self._report(variants, numerics)
 
     def _report(self, variants: list[Variant], numerics: dict) -> Report:
@@ -258,7 +268,7 @@ class Verifier:
                 "entry": v.entry, "key": e.key.label(), "impl": e.impl,
                 "predicted_ms": None if predicted is None else round(predicted, 3),
                 "realized_ms": round(saving * 1e3, 3), "realized_ci95": [round(lo * 1e3, 3), round(hi * 1e3, 3)],
-                "times_ms": [round(t * 1e3, 3) for t in v.times],
+                "times_ms": [round(t * 1e3, 3) for t in v.times], "timed_as": v.same_as,
                 "realized_peak_mib": None if peak_saving is None else mib(peak_saving),
                 "objective": "memory" if by_memory else "time",
                 "kept": (peak_saving or 0) > 0 and hi >= 0 if by_memory else saving > 0,

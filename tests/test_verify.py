@@ -59,6 +59,22 @@ def test_verify_runs_every_variant_and_each_entry_alone(tmp_path):
     assert all(min(v["times_ms"]) <= v["ms_per_step"] <= max(v["times_ms"]) for v in r.variants.values())
 
 
+def test_the_only_enabled_entry_switched_off_is_timed_as_every_kernel_off(tmp_path):
+    """Without its only enabled entry the table runs what every kernel off runs: that ablation takes off's times and
+    peak, paired round by round with the table's, instead of being compiled and timed again."""
+    table, path = _table(tmp_path / "t.yaml")
+    table = Table(table.fingerprint, [table.entries[0], Entry(table.entries[1].key, None, {}, ["softmax"],
+                                                               reason="compiler")])
+    steps = []
+    v = Verifier(table, path, load_step(STEP), rounds=3, warmup=1, peak=lambda step: steps.append(step) or 1 << 20)
+    names = [x.name for x in v.variants()]
+    r = v.run()
+    assert names == ["table", "off", "on", "without entries[0]"] and len(steps) == 3  # three peaks measured
+    (e,) = r.entries
+    assert e["entry"] == 0 and e["timed_as"] == "off" and e["times_ms"] == r.variants["off"]["times_ms"]
+    assert e["realized_peak_mib"] == 0
+
+
 def test_wrong_kernel_numerics_are_caught(tmp_path, monkeypatch):
     impl = get_op("softmax").impls["cpu_rows"]
     orig = impl.forward
