@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 import nki_autotune.kernels as nk
+from nki_autotune.kernels.linear_cross_entropy.cpu import VOCAB_BLOCK
 from nki_autotune.kernels.linear_cross_entropy.op import reference
 from nki_autotune.registry import get_op
 
@@ -39,13 +40,14 @@ def grads(fn, hidden, weight, target, bias, seed=2.5):
     return loss.detach(), got
 
 
-def kernel(impl=CPU, chunk=64, threads=2, ignore_index=-100, reduction="mean", softcap=None):
-    """The impl's operator itself, with its config (three chunks of 64 over 150 tokens), told every gradient."""
+def kernel(impl=CPU, chunk=64, threads=2, ignore_index=-100, reduction="mean", softcap=None, onednn=1):
+    """The impl's operator itself, with its config (three chunks of 64 over 150 tokens; the products by oneDNN or
+    by torch's BLAS), told every gradient."""
     def fn(h, w, t, b):
         if impl is not CPU:
             return impl.fwd_op(h, w, t, b, ignore_index, reduction, softcap, 64, chunk)[0]
         needs = 0b011 if b is None else 0b111
-        return impl.fwd_op(h, w, t, b, ignore_index, reduction, softcap, threads, chunk, needs)[0]
+        return impl.fwd_op(h, w, t, b, ignore_index, reduction, softcap, threads, chunk, onednn, needs)[0]
     return fn
 
 
@@ -67,9 +69,23 @@ def check(fn, ins, dtype, **attrs):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_cpu_loss_and_every_gradient_match_float64(gen, dtype, bias, reduction):
+@pytest.mark.parametrize("onednn", [0, 1], ids=["blas", "onednn"])
+def test_cpu_loss_and_every_gradient_match_float64(gen, dtype, bias, reduction, onednn):
     ins = inputs(gen, bias=bias, dtype=dtype)
-    check(kernel(reduction=reduction), ins, dtype, reduction=reduction)
+    check(kernel(reduction=reduction, onednn=onednn), ins, dtype, reduction=reduction)
+
+
+@pytest.mark.parametrize("onednn", [0, 1], ids=["blas", "onednn"])
+def test_hidden_weight_and_bias_in_any_layout(gen, onednn):
+    """Every other row of a wider hidden, a weight stored transposed, a bias of stride 2: the products take them as
+    they are (BLAS) or laid out for them (oneDNN); a vocabulary of several weight-gradient blocks, the last short."""
+    def laid_out(h, w, t, b):
+        hs = torch.stack([h, torch.zeros_like(h)], 1).flatten(0, 1)[::2]
+        ws, bs = w.t().contiguous().t(), torch.stack([b, b], 1)[:, 0]
+        assert not (hs.is_contiguous() or ws.is_contiguous() or bs.is_contiguous())
+        return kernel(onednn=onednn, chunk=16)(hs, ws, t, bs)
+
+    check(laid_out, inputs(gen, n=40, v=2 * VOCAB_BLOCK + 37, bias=True), torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -118,7 +134,7 @@ def test_out_of_range_target_is_an_index_error(gen):
 
 def test_inference_computes_no_gradient(gen):
     h, w, t, b = inputs(gen, bias=True)
-    out = CPU.fwd_op(h, w, t, b, -100, "mean", None, 2, 64, 0)
+    out = CPU.fwd_op(h, w, t, b, -100, "mean", None, 2, 64, 1, 0)
     assert [r.numel() for r in out[1:]] == [0, 0, 0]
     assert rel_err(out[0], reference(h.double(), w.double(), t, b.double(), -100, "mean", None)) < 1e-5
 
@@ -127,8 +143,8 @@ def test_inference_computes_no_gradient(gen):
 def test_opcheck(gen, bias):
     h, w, t, b = inputs(gen, n=20, bias=bias)
     needs = 0b111 if bias else 0b011
-    torch.library.opcheck(CPU.fwd_op, (h.requires_grad_(), w.requires_grad_(),
-                                       t, None if b is None else b.requires_grad_(), -100, "mean", 2.0, 2, 64, needs))
+    torch.library.opcheck(CPU.fwd_op, (h.requires_grad_(), w.requires_grad_(), t,
+                                       None if b is None else b.requires_grad_(), -100, "mean", 2.0, 2, 64, 1, needs))
 
 
 def test_public_function_takes_the_kernel_when_on_and_the_expression_when_off(gen, switches):
@@ -208,8 +224,9 @@ def test_compiled_gradients_of_a_scaled_loss_match_float64(gen, switches):
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_the_weight_gradient_is_held_once(gen, switches, compiled):
-    """Peak memory of a forward and backward (the loss times 3): the weight gradient, one chunk's logits and the
-    hidden gradient, not the weight gradient twice (computed in the forward, scaled into a second buffer)."""
+    """Peak memory of a forward and backward (the loss times 3): the weight gradient, one chunk's logits, one
+    vocabulary block of the weight gradient's products and the hidden gradient, not the weight gradient twice
+    (computed in the forward, scaled into a second buffer)."""
     from nki_autotune.autotune.memory import peak_bytes
 
     switches(NKI_AUTOTUNE_KERNEL_LINEAR_CROSS_ENTROPY="on")
@@ -231,7 +248,10 @@ def test_the_weight_gradient_is_held_once(gen, switches, compiled):
     h.grad = w.grad = None
     peak = peak_bytes(step)
     weight_grad, logits = v * hdim * 4, min(n, CPU.default["chunk"]) * v * 4
-    assert peak < weight_grad + logits + 2 * n * hdim * 4 + 2**20, (peak, weight_grad, logits)
+    # oneDNN's: a block of the weight gradient and its operand made contiguous, the chunk's hidden transposed, and
+    # the library's scratch
+    onednn = (2 * VOCAB_BLOCK * hdim * 4 + n * hdim * 4 + 2**20) if CPU.default["onednn"] else 0
+    assert peak < weight_grad + logits + onednn + 2 * n * hdim * 4 + 2**20, (peak, weight_grad, logits)
     torch._dynamo.reset()
 
 
