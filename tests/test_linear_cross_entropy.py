@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 import nki_autotune.kernels as nk
-from nki_autotune.kernels.linear_cross_entropy.cpu import VOCAB_BLOCK
+from nki_autotune.kernels.linear_cross_entropy.cpu import BLOCK_BYTES, block_rows
 from nki_autotune.kernels.linear_cross_entropy.op import reference
 from nki_autotune.registry import get_op
 
@@ -85,7 +85,7 @@ def test_hidden_weight_and_bias_in_any_layout(gen, onednn):
         assert not (hs.is_contiguous() or ws.is_contiguous() or bs.is_contiguous())
         return kernel(onednn=onednn, chunk=16)(hs, ws, t, bs)
 
-    check(laid_out, inputs(gen, n=40, v=2 * VOCAB_BLOCK + 37, bias=True), torch.float32)
+    check(laid_out, inputs(gen, n=40, v=2 * block_rows(24) + 37, bias=True), torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -250,7 +250,7 @@ def test_the_weight_gradient_is_held_once(gen, switches, compiled):
     weight_grad, logits = v * hdim * 4, min(n, CPU.default["chunk"]) * v * 4
     # oneDNN's: a block of the weight gradient and its operand made contiguous, the chunk's hidden transposed, and
     # the library's scratch
-    onednn = (2 * VOCAB_BLOCK * hdim * 4 + n * hdim * 4 + 2**20) if CPU.default["onednn"] else 0
+    onednn = (2 * BLOCK_BYTES + n * hdim * 4 + 2**20) if CPU.default["onednn"] else 0
     assert peak < weight_grad + logits + onednn + 2 * n * hdim * 4 + 2**20, (peak, weight_grad, logits)
     torch._dynamo.reset()
 

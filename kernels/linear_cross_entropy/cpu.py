@@ -15,7 +15,7 @@ buffer reused by every chunk) or, with ``onednn`` (a tuned config, the default w
 (AVX-512) MKL's products at these shapes ran at 120-180 GFLOP/s on two cores, oneDNN's at 290-400. oneDNN takes an
 operand whose rows are not side by side to slower code (its reference kernels, or a copy made by torch), so its
 operands are laid out for it: hidden and weight contiguous, the weight gradient a vocabulary block at a time
-(``VOCAB_BLOCK`` rows of ``dlogits^T @ h``, the block's operand made contiguous by torch), each chunk's logits a
+(``BLOCK_BYTES`` bytes of ``dlogits^T @ h``, the block's operand made contiguous by torch), each chunk's logits a
 fresh tensor (oneDNN writes into no given buffer).
 
 The gradients are computed in the forward, only those the call needs (none in inference), and saved; the registry's
@@ -64,9 +64,9 @@ def _onednn() -> bool:
 
 
 ONEDNN = _onednn()
-VOCAB_BLOCK = 2048
-"""Rows of the weight gradient per oneDNN product: a chunk's [V, H] share in blocks of this many rows, each added
-where it goes, so the chunk's share is never whole (one more weight's worth of memory)."""
+BLOCK_BYTES = 2 * 2**20
+"""Bytes of the weight gradient per oneDNN product (2048 rows at H = 256): a chunk's [V, H] share in blocks, each
+added where it goes, so the share is never whole (one more weight's worth of memory, 250 MiB at 128256 x 512)."""
 CPU_DEFAULT = {"threads": max_threads(), "chunk": 256, "onednn": int(ONEDNN)}
 """Tokens per chunk: the logits buffer holds chunk x V float32 (at V = 128256, 128 MiB for 256 tokens)."""
 
@@ -142,9 +142,15 @@ def _linear(x, w, b=None):
 def _add_weight_grad(dw, lg, hc, first):
     """dw (=|+=) lg^T @ hc, a block of the vocabulary at a time; hc^T made contiguous once (oneDNN's weight)."""
     hct = hc.t().contiguous()
-    for j in range(0, dw.shape[0], VOCAB_BLOCK):
-        part = _linear(lg[:, j:j + VOCAB_BLOCK].t(), hct)
-        dw[j:j + VOCAB_BLOCK].copy_(part) if first else dw[j:j + VOCAB_BLOCK].add_(part)
+    rows = block_rows(dw.shape[1])
+    for j in range(0, dw.shape[0], rows):
+        part = _linear(lg[:, j:j + rows].t(), hct)
+        dw[j:j + rows].copy_(part) if first else dw[j:j + rows].add_(part)
+
+
+def block_rows(hidden: int) -> int:
+    """Vocabulary rows per block of the weight gradient: ``BLOCK_BYTES`` bytes of float32 rows of ``hidden``."""
+    return max(BLOCK_BYTES // (4 * max(hidden, 1)), 64)
 
 
 def forward(tensors, attrs, config, needs):
