@@ -29,9 +29,9 @@ test: $(STAMP)
 # every call site against the compiler (studies in the embedded SQLite default, so a second run reuses
 # them), show the table, then verify the full step: the table against every kernel off and every kernel
 # on, and each enabled entry switched off alone. The demo tunes for peak memory (a kernel is enabled where
-# it lowers its region's peak by 10% or more and is not slower, the fastest such config): the fused head and
-# loss is enabled, about 2x the compiler's speed and under half its peak, and the other kernels, at or below
-# the compiler's speed, are not (README, "Measured here"); `nki-autotune run` alone tunes for time.
+# it lowers its region's peak by 10% or more and is not slower): the fused head and loss is enabled, about 2x
+# the compiler's speed at under half its peak; the other kernels save no memory there and are not (README,
+# "Measured here"); `nki-autotune run` alone tunes for time.
 # The Hugging Face tests against the oldest transformers the `hf` extra admits (kernels/hf/version.py: SUPPORTED),
 # in a venv of its own; `make test` tests the newest.
 HF_OLDEST      ?= 4.57

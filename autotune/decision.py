@@ -1,11 +1,12 @@
 """The decision rule (DESIGN §6.5) and the table entry that records it.
 
 Two objectives. ``time`` (the default): the fastest kernel whose median speedup is at least the threshold and
-whose 95% interval lies above 1. ``memory``: the fastest kernel among those whose peak memory over its region is at
-most ``MEMORY_RATIO`` of the compiler's and that are not slower, that is whose speedup interval does not lie below
-1 (its upper bound is at least 1: not measured slower, the rule ``verify`` applies to a whole table). The 10% is a
-bar, not a race: a config that saves a little more memory than another, both far below the bar, and costs time is
-not the one a user tuning for memory wants. Either way the machine was quiet while it was measured, and the entry
+whose 95% interval lies above 1. ``memory``: a kernel whose peak memory over its region is at most ``MEMORY_RATIO``
+of the compiler's and that is not slower, that is whose speedup interval does not lie below 1 (its upper bound is
+at least 1: not measured slower, the rule ``verify`` applies to a whole table); of several, the leanest of those
+within ``SPEED_MARGIN`` of the fastest (``leanest_fast``). The 10% is a bar, not a race: a config that saves more
+of what is already saved at the cost of time is not the one a user tuning for memory wants, and between configs of
+one speed, within noise, the leaner is. Either way the machine was quiet while it was measured, and the entry
 records the objective that chose it.
 """
 
@@ -22,6 +23,17 @@ from .search import TrialResult
 
 MEMORY_RATIO = 0.9
 """Under the memory objective a kernel's peak must be at most this share of the compiler's: 10% lower or more."""
+SPEED_MARGIN = 0.05
+"""Under the memory objective, speedups within this share of the fastest count as one speed (a trial's median of
+15 rounds moves by a few percent between runs on these machines)."""
+
+
+def leanest_fast(items: Sequence, speedup, ratio):
+    """Of ``items`` (each clearing the memory bar), the leanest among those within ``SPEED_MARGIN`` of the fastest;
+    ties to the faster, then to the first."""
+    top = max(speedup(x) for x in items)
+    near = [x for x in items if speedup(x) * (1 + SPEED_MARGIN) >= top]
+    return min(near, key=lambda x: (ratio(x), -speedup(x), items.index(x)))
 
 
 @dataclass(frozen=True)
@@ -47,17 +59,17 @@ def peak_ratio(measured: dict[str, Any]) -> float | None:
 
 def best_trial(results: Sequence[TrialResult], order: dict[str, int], objective: str = "time") -> TrialResult:
     """The config of one impl that gets the final comparison, from its trials that passed: the fastest (time); of
-    those not slower in their trial, the fastest whose peak is at most ``MEMORY_RATIO`` of the compiler's, else the
-    one of lowest peak (memory); else the fastest. Ties go to the config listed first (``order``), so every worker
-    picks the same one."""
+    those not slower in their trial and with a peak at most ``MEMORY_RATIO`` of the compiler's, the leanest of
+    those near the fastest (``leanest_fast``), else of those not slower the one of lowest peak (memory); else the
+    fastest. Ties go to the config listed first (``order``), so every worker picks the same one."""
     def first(r: TrialResult) -> int:
         return -order.get(str(sorted(r.config.items())), 0)
 
     if objective == "memory":
         small = [r for r in results if r.speedup >= 1.0 and peak_ratio(r.info) is not None]
-        lean = [r for r in small if peak_ratio(r.info) <= MEMORY_RATIO]
+        lean = sorted((r for r in small if peak_ratio(r.info) <= MEMORY_RATIO), key=first, reverse=True)
         if lean:
-            return max(lean, key=lambda r: (r.speedup, first(r)))
+            return leanest_fast(lean, lambda r: r.speedup, lambda r: peak_ratio(r.info))
         if small:
             return max(small, key=lambda r: (-peak_ratio(r.info), r.speedup, first(r)))
     return max(results, key=lambda r: (r.speedup, first(r)))
@@ -115,10 +127,14 @@ def decide(key: Key, candidates: list[Candidate], threshold: float, sites: list[
         ratio = peak_ratio(c.measured)
         return -(math.inf if ratio is None else ratio), c.measured["speedup"]
 
-    # the fastest impl that passes; if none does, the reason is the best one's (under memory, the leanest's)
+    # the impl that passes (the fastest; under memory, ``leanest_fast``); if none does, the reason is the best
+    # one's (under memory, the leanest's)
     passing = [c for c in timed if passes(c)]
-    best = max(timed, key=lean) if memory and not passing else \
-        max(passing or timed, key=lambda c: c.measured["speedup"])
+    if memory:
+        best = leanest_fast(passing, lambda c: c.measured["speedup"], lambda c: peak_ratio(c.measured)) \
+            if passing else max(timed, key=lean)
+    else:
+        best = max(passing or timed, key=lambda c: c.measured["speedup"])
     m = best.measured
     lo, hi = m["ci95"]
     ci = f"95% CI {lo:.2f}-{hi:.2f}"

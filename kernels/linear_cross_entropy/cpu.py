@@ -12,11 +12,11 @@ by the kernel once, and by three matrix products.
 The products are torch's BLAS (``mm``/``addmm``, MKL on x86, what the compiler's code calls; the logits into one
 buffer reused by every chunk) or, with ``onednn`` (a tuned config, the default where torch has it), oneDNN's linear
 (``mkldnn::_linear_pointwise``), which picks its kernels by the CPU's instructions: on this project's AMD EPYC
-(AVX-512) MKL's products at these shapes ran at 120-180 GFLOP/s on two cores, oneDNN's at 290-400. oneDNN takes an
-operand whose rows are not side by side to slower code (its reference kernels, or a copy made by torch), so its
-operands are laid out for it: hidden and weight contiguous, the weight gradient a vocabulary block at a time
-(``BLOCK_BYTES`` bytes of ``dlogits^T @ h``, the block's operand made contiguous by torch), each chunk's logits a
-fresh tensor (oneDNN writes into no given buffer).
+(AVX-512) MKL's products at these shapes ran at 120-180 GFLOP/s on two cores, oneDNN's at 290-400. torch makes the
+linear's input contiguous itself; oneDNN takes a weight stored either way round (row- or column-major) and runs
+any other in its reference code, a thousand times slower, so the weight gradient is made a vocabulary block at a
+time (``BLOCK_BYTES``, ``dlogits^T @ h`` with ``h^T`` as the weight) and each chunk's logits are a fresh tensor
+(oneDNN writes into no given buffer).
 
 The gradients are computed in the forward, only those the call needs (none in inference), and saved; the registry's
 autograd formula scales them by the loss's gradient in place (``Impl.scaled``: the weight gradient is held once, and
@@ -65,8 +65,9 @@ def _onednn() -> bool:
 
 ONEDNN = _onednn()
 BLOCK_BYTES = 2 * 2**20
-"""Bytes of the weight gradient per oneDNN product (2048 rows at H = 256): a chunk's [V, H] share in blocks, each
-added where it goes, so the share is never whole (one more weight's worth of memory, 250 MiB at 128256 x 512)."""
+"""Bytes of a block of the weight gradient's oneDNN products (2048 rows at H = 256 and 256 tokens): a chunk's [V, H]
+share in blocks, each added where it goes, so the share is never whole (one more weight's worth of memory, 250 MiB
+at 128256 x 512)."""
 CPU_DEFAULT = {"threads": max_threads(), "chunk": 256, "onednn": int(ONEDNN)}
 """Tokens per chunk: the logits buffer holds chunk x V float32 (at V = 128256, 128 MiB for 256 tokens)."""
 
@@ -140,17 +141,20 @@ def _linear(x, w, b=None):
 
 
 def _add_weight_grad(dw, lg, hc, first):
-    """dw (=|+=) lg^T @ hc, a block of the vocabulary at a time; hc^T made contiguous once (oneDNN's weight)."""
+    """dw (=|+=) lg^T @ hc, a block of the vocabulary at a time; hc^T made contiguous once (oneDNN's weight; a
+    column slice of the logits as the weight would run in oneDNN's reference code: the demo's head took 115 s)."""
     hct = hc.t().contiguous()
-    rows = block_rows(dw.shape[1])
+    rows = block_rows(dw.shape[1], hc.shape[0])
     for j in range(0, dw.shape[0], rows):
-        part = _linear(lg[:, j:j + rows].t(), hct)
+        part = _linear(lg[:, j:j + rows].t(), hct)  # torch copies the block's logits side by side first
         dw[j:j + rows].copy_(part) if first else dw[j:j + rows].add_(part)
+        del part  # before the next block's comes
 
 
-def block_rows(hidden: int) -> int:
-    """Vocabulary rows per block of the weight gradient: ``BLOCK_BYTES`` bytes of float32 rows of ``hidden``."""
-    return max(BLOCK_BYTES // (4 * max(hidden, 1)), 64)
+def block_rows(hidden: int, tokens: int) -> int:
+    """Vocabulary rows per block of the weight gradient: ``BLOCK_BYTES`` of float32 rows of its product's result
+    (``hidden`` wide) and of its input (the block's logits, ``tokens`` wide), whichever is wider."""
+    return max(BLOCK_BYTES // (4 * max(hidden, tokens, 1)), 64)
 
 
 def forward(tensors, attrs, config, needs):
@@ -175,9 +179,9 @@ def forward(tensors, attrs, config, needs):
     losses = np.zeros(n, np.float64)
     chunks = -(-n // config["chunk"])
     size = max(-(-n // max(chunks, 1)), 1)  # as many chunks as ``chunk`` tokens make, of even sizes: no short last one
-    onednn = bool(config["onednn"]) and ONEDNN
-    if onednn:  # oneDNN's fast paths take rows side by side; a strided operand would run its reference code
-        h32, w32 = h32.contiguous(), w32.contiguous()
+    onednn = bool(config["onednn"]) and ONEDNN and torch.backends.mkldnn.enabled
+    if onednn:  # torch makes the input contiguous itself; oneDNN takes a weight stored either way round
+        w32 = w32 if w32.is_contiguous() or w32.t().is_contiguous() else w32.contiguous()
         b32 = None if b32 is None else b32.contiguous()
     buf = None if onednn else torch.empty((min(size, n), v), dtype=torch.float32)
     wt = w32.t()
@@ -215,7 +219,8 @@ def backward(grads, tensors, results, attrs, config, needs):
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
-    """hidden and weight in any layout (the matrix products take them as they are); int64 targets."""
+    """hidden and weight in any layout (MKL's products take them as they are, oneDNN's are given a weight stored
+    either way round); int64 targets."""
     why = shape_problem(specs, attrs) or require(specs, {0: FLOATS, 1: FLOATS, 2: ("int64",), 3: FLOATS},
                                                  contiguous=False)
     if why:
