@@ -1,8 +1,9 @@
 """The config search (DESIGN §6.2): one Optuna study per (key, impl), resumable and shared by many workers.
 
-Small spaces are run exhaustively, larger ones by seeded TPE. Every piece of work is an Optuna trial, claimed
-through the storage: a worker enqueues a config nobody has claimed (``enqueue_trial``) and takes the oldest
-waiting trial (``ask`` inside ``optimize``, an atomic pop on RDB and journal storages), so any number of
+Small spaces are run exhaustively, larger ones by seeded TPE from the impl's default config fitted to the key
+(the first trial, enqueued: the search is never worse than what runs untuned). Every piece of work is an Optuna
+trial, claimed through the storage: a worker enqueues a config nobody has claimed (``enqueue_trial``) and takes
+the oldest waiting trial (``ask`` inside ``optimize``, an atomic pop on RDB and journal storages), so any number of
 workers on one storage share the work. Two workers that claim the same config at once both see both trials:
 the one with the higher trial number steps back (PRUNED), so no (key, impl, config) is measured twice.
 The final comparison of an impl's best config is a trial too (``kind: final``), measured once and stored.
@@ -349,6 +350,7 @@ class Search:
         study = self.study(key, impl)
         allowed = impl.configs(key)
         exhaustive = len(allowed) <= self.trials
+        default = impl.config_at(key)
         attempts = 0
         while not stop() and attempts < 20 * self.trials:
             trials = self._trials(study)
@@ -363,6 +365,8 @@ class Search:
                     return done, not running
                 if missing and not waiting:
                     self._enqueue(study, impl, key, missing[0], TRIAL)
+            elif not trials and default is not None:  # the sampler's search starts from what runs untuned
+                self._enqueue(study, impl, key, default, TRIAL)
             elif len(done) + sum(t.state == TrialState.RUNNING for t in mine) >= self.trials and not waiting:
                 return done, not running
             attempts += 1

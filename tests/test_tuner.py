@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import optuna
 import pytest
 import torch
 
@@ -29,6 +30,22 @@ def test_kernel_enabled_where_faster_with_its_best_config(tmp_path):
     assert m["kernel_peak_mib"] > 0 and m["compiler_peak_mib"] > 0 and m["objective"] == "time"
     assert e.sites == ["model.norm"] and e.source == IMPL.source_hash
     assert "faster" in e.reason and "within 1e-05" in e.reason
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_search_smaller_than_the_space_starts_from_the_fitted_default(tmp_path, seed):
+    """Two trials of a space of more, whatever the sampler's seed: the first is the config the key runs untuned
+    (``config_at``), the second the sampler's; the table takes the default where it is the fastest."""
+    (key,) = Profile([site()]).keys({"rmsnorm": get_op("rmsnorm")})
+    default = IMPL.config_at(key)
+    assert len(IMPL.configs(key)) > 2 and default is not None
+    t = tuner(tmp_path, FakeClock(lambda cfg: 40.0 if cfg == default else 90.0), trials=2)
+    t.search.seed = seed
+    (e,) = t.tune(Profile([site()])).entries
+    tried = [x.user_attrs["config"] for x in t.search.study(key, IMPL).trials
+             if x.user_attrs.get("kind") == "trial" and x.state == optuna.trial.TrialState.COMPLETE]
+    assert tried[0] == default and len(tried) == 2, tried
+    assert e.impl == "cpu_rows" and e.config == default
 
 
 def test_compiler_kept_where_the_kernel_is_slower_or_not_enough_faster(tmp_path):
