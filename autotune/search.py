@@ -1,11 +1,13 @@
 """The config search (DESIGN §6.2): one Optuna study per (key, impl), resumable and shared by many workers.
 
-Small spaces are run exhaustively, larger ones by seeded TPE from the impl's default config fitted to the key
-(the first trial, enqueued: the search is never worse than what runs untuned). Every piece of work is an Optuna
-trial, claimed through the storage: a worker enqueues a config nobody has claimed (``enqueue_trial``) and takes
-the oldest waiting trial (``ask`` inside ``optimize``, an atomic pop on RDB and journal storages), so any number of
-workers on one storage share the work. Two workers that claim the same config at once both see both trials:
-the one with the higher trial number steps back (PRUNED), so no (key, impl, config) is measured twice.
+Small spaces are run exhaustively, larger ones by seeded TPE whose first trial (enqueued) is the impl's default
+config fitted to the key, where that is a config of the space: the search measures what runs untuned. Every piece
+of work is an Optuna trial, claimed through the storage: a worker enqueues a config nobody has claimed
+(``enqueue_trial``) and takes the oldest waiting trial (``ask`` inside ``optimize``), so any number of workers on one
+storage share the work. Two workers that claim the same config at once both see both trials: the one with the
+higher trial number steps back (PRUNED). Optuna's pop of a waiting trial is atomic on PostgreSQL and MySQL (``SELECT
+... FOR UPDATE``), not on SQLite, where two workers starting at once can both take one waiting trial: it is then
+measured twice, and the second worker's result is refused.
 The final comparison of an impl's best config is a trial too (``kind: final``), measured once and stored.
 
 A worker that dies leaves its claimed trial RUNNING: on RDB storages Optuna's heartbeat fails it and
@@ -156,6 +158,17 @@ def _holds(t: FrozenTrial) -> bool:
     return (_measured(t) and not _again(t)) or t.state in (TrialState.RUNNING, TrialState.WAITING)
 
 
+def _in_space(impl: Impl, key: Key, config: dict[str, int] | None, allowed: list[dict[str, int]]) -> dict | None:
+    """``config`` as the search runs it (an inference key's backward params at the default's), where it is one of
+    the ``allowed`` configs of the space; else None (a fitted value between the space's, as the fused loss's chunk
+    of 245 tokens at a vocabulary of 128256, is not a config the sampler can name)."""
+    if config is None:
+        return None
+    if key.mode == "inference":
+        config = {**config, **{p: impl.default[p] for p in impl.backward_params}}
+    return config if config in allowed else None
+
+
 def handlers(evaluate: Callable[[dict[str, int]], TrialResult],
              measure: Callable[[dict[str, int]], dict[str, Any]]) -> dict[str, Callable[[dict[str, int]], TrialResult]]:
     """How each kind of claimed work is done: a config trial, and a final comparison (stored as measured)."""
@@ -263,8 +276,10 @@ class Search:
         free = {p: tuple(v) for p, v in impl.space.items() if p not in fixed}
 
         taken: list[bool] = []
+        claimed: list[int] = []
 
         def objective(trial: optuna.Trial) -> float:
+            claimed.append(trial._trial_id)
             try:
                 with self._stamping(trial._trial_id, trial.number):
                     kind = trial.user_attrs.get("kind", TRIAL)
@@ -288,8 +303,10 @@ class Search:
 
         try:
             study.optimize(objective, n_trials=1, catch=(_Failed,))
-        except ValueError:
-            if not taken:  # Optuna refuses to tell a trial that was taken over: that copy stands, not this result
+        except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
+            # Optuna refuses to tell a trial another worker finished: one taken over past the lease, or one two
+            # workers took at once from SQLite's waiting trials (no atomic pop there). That copy stands, not this.
+            if not taken and not (claimed and study._storage.get_trial(claimed[-1]).state.is_finished()):
                 raise
 
     @contextlib.contextmanager
@@ -350,7 +367,7 @@ class Search:
         study = self.study(key, impl)
         allowed = impl.configs(key)
         exhaustive = len(allowed) <= self.trials
-        default = impl.config_at(key)
+        default = _in_space(impl, key, impl.config_at(key), allowed)
         attempts = 0
         while not stop() and attempts < 20 * self.trials:
             trials = self._trials(study)

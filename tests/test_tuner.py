@@ -48,6 +48,36 @@ def test_a_search_smaller_than_the_space_starts_from_the_fitted_default(tmp_path
     assert e.impl == "cpu_rows" and e.config == default
 
 
+def test_the_first_trial_is_the_default_as_the_search_runs_it_and_only_where_the_space_has_it(tmp_path):
+    """The fused loss at 2048 x 512 x 128256 runs 245-token chunks untuned (its logits budget), a value its space
+    (64 ... 1024) has not: the search samples its trials without it rather than fail on it. An inference key's
+    first trial takes the backward params the search fixes there, not the fitted ones."""
+    from nki_autotune.autotune.search import FINAL, TRIAL, TrialResult
+
+    def first_trials(key, impl, n):
+        seen = []
+
+        def ev(cfg):
+            seen.append(dict(cfg))
+            return TrialResult(cfg, 1.0, {})
+
+        search = Search(open_storage(f"sqlite:///{tmp_path}/{key.op}-{key.mode}.db"), {"fp": 1}, trials=n)
+        done, complete = search.run(key, impl, {TRIAL: ev, FINAL: ev})
+        assert complete and len(done) == n
+        return seen
+
+    lce = get_op("linear_cross_entropy").impls["cpu_chunks"]
+    key = key_of("linear_cross_entropy", "training",
+                 [((2048, 512), "float32"), ((128256, 512), "float32"), ((2048,), "int64"), None])
+    assert lce.config_at(key)["chunk"] not in lce.space["chunk"] and len(lce.configs(key)) > 3
+    assert all(c["chunk"] in lce.space["chunk"] for c in first_trials(key, lce, 3))
+
+    key = key_of("rmsnorm", "inference", [((8, 128), "float32"), ((128,), "float32")])
+    fixed = {p: IMPL.default[p] for p in IMPL.backward_params}
+    assert any(IMPL.config_at(key)[p] != v for p, v in fixed.items()), "the fit no longer differs: pick another key"
+    assert first_trials(key, IMPL, 1)[0] == {**IMPL.config_at(key), **fixed}
+
+
 def test_compiler_kept_where_the_kernel_is_slower_or_not_enough_faster(tmp_path):
     table = tuner(tmp_path, FakeClock(lambda cfg: 120.0)).tune(Profile([site()]))
     (e,) = table.entries
