@@ -277,6 +277,7 @@ class Search:
 
         taken: list[bool] = []
         claimed: list[int] = []
+        own: list[bool] = []  # the objective itself raised: a bug of the bench or the tuner, never dropped
 
         def objective(trial: optuna.Trial) -> float:
             claimed.append(trial._trial_id)
@@ -296,6 +297,11 @@ class Search:
             except optuna.exceptions.UpdateFinishedTrialError:
                 taken.append(True)  # another worker failed it past the lease and put its work back
                 raise
+            except optuna.TrialPruned:
+                raise
+            except Exception:
+                own.append(True)
+                raise
             on_trial(res)
             if res.failed:
                 raise _Failed(res.info.get("error", "failed"))
@@ -306,7 +312,7 @@ class Search:
         except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
             # Optuna refuses to tell a trial another worker finished: one taken over past the lease, or one two
             # workers took at once from SQLite's waiting trials (no atomic pop there). That copy stands, not this.
-            if not taken and not (claimed and study._storage.get_trial(claimed[-1]).state.is_finished()):
+            if own or not (taken or (claimed and study._storage.get_trial(claimed[-1]).state.is_finished())):
                 raise
 
     @contextlib.contextmanager
