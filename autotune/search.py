@@ -7,7 +7,7 @@ of work is an Optuna trial, claimed through the storage: a worker enqueues a con
 storage share the work. Two workers that claim the same config at once both see both trials: the one with the
 higher trial number steps back (PRUNED). Optuna's pop of a waiting trial is atomic on PostgreSQL and MySQL (``SELECT
 ... FOR UPDATE``), not on SQLite, where two workers starting at once can both take one waiting trial: it is then
-measured twice, and the second worker's result is refused.
+measured twice, and the slower worker drops its copy.
 The final comparison of an impl's best config is a trial too (``kind: final``), measured once and stored.
 
 A worker that dies leaves its claimed trial RUNNING: on RDB storages Optuna's heartbeat fails it and
