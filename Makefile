@@ -11,7 +11,7 @@ export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
 
 .PHONY: test test-hf-oldest demo bench lint clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU build first: a bare `torch` requirement would pull a multi-GB CUDA build.
@@ -37,7 +37,7 @@ test: $(STAMP)
 HF_OLDEST      ?= 4.57
 OLDEST_VENV    := .venv-hf-oldest
 OLDEST_STAMP   := $(OLDEST_VENV)/.installed-$(HF_OLDEST)
-$(OLDEST_STAMP): pyproject.toml
+$(OLDEST_STAMP): pyproject.toml setup.py
 	test -x $(OLDEST_VENV)/bin/python || python3 -m venv $(OLDEST_VENV)
 	$(OLDEST_VENV)/bin/python -m pip install -q --upgrade pip
 	$(OLDEST_VENV)/bin/python -m pip install -q torch==2.13.0
