@@ -583,8 +583,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--threshold", type=_at_least(1.0, float), default=1.05,
                    help="minimum median speedup to enable a kernel (objective time)")
     r.add_argument("--objective", choices=OBJECTIVES, default="time",
-                   help="time: enable a kernel where it is faster; memory: where it lowers the peak memory of its "
-                        "region by 10%% or more and is not slower (its speedup interval does not lie below 1)")
+                   help="time: enable a kernel where it is faster; memory: never more memory, then the time rule: "
+                        "where it lowers the peak memory of its region by 10%% or more and is not slower (its speedup "
+                        "interval does not lie below 1), or where its peak is not above the compiler's and it is "
+                        "faster by the time rule")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--rounds", type=_at_least(3), default=15, help="timed rounds per trial")
     r.add_argument("--final-rounds", type=_at_least(MIN_ROUNDS), default=40,

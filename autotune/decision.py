@@ -1,13 +1,14 @@
 """The decision rule (DESIGN §6.5) and the table entry that records it.
 
 Two objectives. ``time`` (the default): the fastest kernel whose median speedup is at least the threshold and
-whose 95% interval lies above 1. ``memory``: a kernel whose peak memory over its region is at most ``MEMORY_RATIO``
-of the compiler's and that is not slower, that is whose speedup interval does not lie below 1 (its upper bound is
-at least 1: not measured slower, the rule ``verify`` applies to a whole table); of several, the leanest of those
-within ``SPEED_MARGIN`` of the fastest (``leanest_fast``). The 10% is a bar, not a race: a config that saves more
-of what is already saved at the cost of time is not the one a user tuning for memory wants, and between configs of
-one speed, within noise, the leaner is. Either way the machine was quiet while it was measured, and the entry
-records the objective that chose it.
+whose 95% interval lies above 1. ``memory`` is "never more memory, then the time rule": a kernel is enabled where
+its peak memory over its region is at most ``MEMORY_RATIO`` of the compiler's and it is not slower (its interval's
+upper bound is at least 1: not measured slower, the rule ``verify`` applies to a whole table), and also where its
+peak is not above the compiler's (``EQUAL_PEAK``) and it passes the time rule. A user who asks for less memory does
+not ask for a slower step. Of several kernels a tenth leaner, the leanest of those within ``SPEED_MARGIN`` of the
+fastest (``leanest_fast``): the 10% is a bar, not a race; of several at the compiler's memory, the fastest. Either
+way the machine was quiet while it was measured, and the entry records the objective (and its reason, the branch)
+that chose it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from .search import TrialResult
 
 MEMORY_RATIO = 0.9
 """Under the memory objective a kernel's peak must be at most this share of the compiler's: 10% lower or more."""
+EQUAL_PEAK = 1.001
+"""A peak up to this share of the compiler's is the compiler's memory: both are recorded to four significant digits
+(``memory.mib``), so equal peaks can read up to 0.1% apart."""
 SPEED_MARGIN = 0.05
 """Under the memory objective, speedups within this share of the fastest count as one speed (a trial's median of
 15 rounds moves by a few percent between runs on these machines)."""
@@ -60,16 +64,22 @@ def peak_ratio(measured: dict[str, Any]) -> float | None:
 def best_trial(results: Sequence[TrialResult], order: dict[str, int], objective: str = "time") -> TrialResult:
     """The config of one impl that gets the final comparison, from its trials that passed: the fastest (time); of
     those not slower in their trial and with a peak at most ``MEMORY_RATIO`` of the compiler's, the leanest of
-    those near the fastest (``leanest_fast``), else of those not slower the one of lowest peak (memory); else the
-    fastest. Ties go to the config listed first (``order``), so every worker picks the same one."""
+    those near the fastest (``leanest_fast``), else the fastest of those not slower at the compiler's peak, else of
+    those not slower the one of lowest peak (memory: its final comparison says why it is refused); else the fastest.
+    Ties go to the config listed first (``order``), so every worker picks the same one."""
     def first(r: TrialResult) -> int:
         return -order.get(str(sorted(r.config.items())), 0)
 
     if objective == "memory":
-        small = [r for r in results if r.speedup >= 1.0 and peak_ratio(r.info) is not None]
-        lean = sorted((r for r in small if peak_ratio(r.info) <= MEMORY_RATIO), key=first, reverse=True)
+        peaked = [r for r in results if peak_ratio(r.info) is not None]
+        lean = sorted((r for r in peaked if r.speedup >= 1.0 and peak_ratio(r.info) <= MEMORY_RATIO), key=first,
+                      reverse=True)
         if lean:
             return leanest_fast(lean, lambda r: r.speedup, lambda r: peak_ratio(r.info))
+        equal = [r for r in peaked if r.speedup >= 1.0 and peak_ratio(r.info) <= EQUAL_PEAK]
+        if equal:
+            return max(equal, key=lambda r: (r.speedup, first(r)))
+        small = [r for r in peaked if r.speedup >= 1.0]
         if small:
             return max(small, key=lambda r: (-peak_ratio(r.info), r.speedup, first(r)))
     return max(results, key=lambda r: (r.speedup, first(r)))
@@ -115,43 +125,52 @@ def decide(key: Key, candidates: list[Candidate], threshold: float, sites: list[
 
     memory = objective == "memory"
 
-    def passes(c: Candidate) -> bool:
-        m = c.measured
-        if (m.get("calibration") or {}).get("disturbed") is not None:
-            return False
+    def branch(c: Candidate) -> str | None:
+        """Which rule enables ``c``: under memory ``lower`` or ``equal`` (``_memory_rule``), else ``time``."""
+        if (c.measured.get("calibration") or {}).get("disturbed") is not None:
+            return None
         if memory:
-            return _memory_refusal(c) is None
-        return m["speedup"] >= threshold and m["ci95"][0] > 1.0
+            return _memory_rule(c, threshold)[0]
+        return "time" if _time_refusal(c, threshold) is None else None
+
+    def speed(c: Candidate) -> float:
+        return c.measured["speedup"]
 
     def lean(c: Candidate) -> tuple:
         ratio = peak_ratio(c.measured)
         return -(math.inf if ratio is None else ratio), c.measured["speedup"]
 
-    # the impl that passes (the fastest; under memory, ``leanest_fast``); if none does, the reason is the best
-    # one's (under memory, the leanest's)
-    passing = [c for c in timed if passes(c)]
-    if memory:
-        best = leanest_fast(passing, lambda c: c.measured["speedup"], lambda c: peak_ratio(c.measured)) \
-            if passing else max(timed, key=lean)
+    # the impl that passes (the fastest; under memory the leaner's ``leanest_fast``, else the fastest at the
+    # compiler's peak); if none does, the reason is the best one's (under memory, the leanest's)
+    passing = {c.impl: branch(c) for c in timed if branch(c) is not None}
+    lower = [c for c in timed if passing.get(c.impl) == "lower"]
+    if lower:
+        best = leanest_fast(lower, speed, lambda c: peak_ratio(c.measured))
+    elif passing:
+        best = max((c for c in timed if c.impl in passing), key=speed)
     else:
-        best = max(passing or timed, key=lambda c: c.measured["speedup"])
+        best = max(timed, key=lean if memory else speed)
     m = best.measured
     lo, hi = m["ci95"]
     ci = f"95% CI {lo:.2f}-{hi:.2f}"
     err = f"error {_err(m['rel_err'])} within {m['tolerance']:.0e}"
     disturbed = (m.get("calibration") or {}).get("disturbed")
-    if passes(best):
+    how = passing.get(best.impl)
+    if how == "lower":
         return entry(best, best.impl, m, f"objective memory: peak {_peaks(m)}, not slower {m['speedup']:.2f}x "
-                     f"({ci}), {err}" if memory else f"faster {m['speedup']:.2f}x ({ci}), {err}")
+                     f"({ci}), {err}")
+    if how == "equal":
+        return entry(best, best.impl, m, f"objective memory: peak {_peaks(m)}, not above it, and faster "
+                     f"{m['speedup']:.2f}x ({ci}), {err}")
+    if how == "time":
+        return entry(best, best.impl, m, f"faster {m['speedup']:.2f}x ({ci}), {err}")
     if disturbed is not None:
         why = f"best kernel {best.impl} {m['speedup']:.2f}x ({ci}) was measured on a disturbed machine ({disturbed})"
         why = f"objective memory: {why}" if memory else why
     elif memory:
-        why = f"objective memory: {_memory_refusal(best)}"
-    elif m["speedup"] < threshold:
-        why = f"best kernel {best.impl} {m['speedup']:.2f}x ({ci}) is below the threshold {threshold:.2f}x"
+        why = f"objective memory: {_memory_rule(best, threshold)[1]}"
     else:
-        why = f"best kernel {best.impl} {m['speedup']:.2f}x but its {ci} reaches 1"
+        why = _time_refusal(best, threshold)
     return entry(best, None, {**m, "impl": best.impl, "config": dict(best.config)}, why)
 
 
@@ -159,20 +178,39 @@ def _peaks(m: dict[str, Any]) -> str:
     return f"{peak_ratio(m):.2f}x the compiler's ({m['kernel_peak_mib']:g} of {m['compiler_peak_mib']:g} MiB)"
 
 
-def _memory_refusal(c: Candidate) -> str | None:
-    """Why the memory objective refuses ``c`` (a disturbed machine aside), or None where it passes."""
+def _time_refusal(c: Candidate, threshold: float) -> str | None:
+    """Why the time rule refuses ``c`` (a disturbed machine aside), or None where it passes."""
+    m = c.measured
+    lo, hi = m["ci95"]
+    ci = f"95% CI {lo:.2f}-{hi:.2f}"
+    if m["speedup"] < threshold:
+        return f"best kernel {c.impl} {m['speedup']:.2f}x ({ci}) is below the threshold {threshold:.2f}x"
+    if lo <= 1.0:
+        return f"best kernel {c.impl} {m['speedup']:.2f}x but its {ci} reaches 1"
+    return None
+
+
+def _memory_rule(c: Candidate, threshold: float) -> tuple[str | None, str]:
+    """Which branch of the memory objective enables ``c`` (a disturbed machine aside): ``lower`` (a tenth leaner
+    and not slower) or ``equal`` (not above the compiler's peak and passing the time rule); else None and why."""
     m = c.measured
     ratio = peak_ratio(m)
     if ratio is None:
-        return f"the peak memory of best kernel {c.impl} was not measured" + \
+        return None, f"the peak memory of best kernel {c.impl} was not measured" + \
             (f": {m['peak_error']}" if m.get("peak_error") else "")
-    if ratio > MEMORY_RATIO:
-        return f"best kernel {c.impl}'s peak is {_peaks(m)}, above {MEMORY_RATIO:.2f}x"
     lo, hi = m["ci95"]
-    if hi < 1.0:
-        return f"best kernel {c.impl}'s peak is {_peaks(m)} but it is slower: {m['speedup']:.2f}x (95% CI " \
-               f"{lo:.2f}-{hi:.2f} lies below 1)"
-    return None
+    if ratio <= MEMORY_RATIO:
+        if hi >= 1.0:
+            return "lower", ""
+        return None, f"best kernel {c.impl}'s peak is {_peaks(m)} but it is slower: {m['speedup']:.2f}x (95% CI " \
+                     f"{lo:.2f}-{hi:.2f} lies below 1)"
+    if ratio > EQUAL_PEAK:
+        return None, f"best kernel {c.impl}'s peak is {_peaks(m)}, above the compiler's"
+    slow = _time_refusal(c, threshold)
+    if slow is None:
+        return "equal", ""
+    return None, f"best kernel {c.impl}'s peak is {_peaks(m)}, above {MEMORY_RATIO:.2f}x, and at about the " \
+                 f"compiler's memory it must be faster: {slow.removeprefix(f'best kernel {c.impl} ')}"
 
 
 def _err(x: Any) -> str:

@@ -273,12 +273,24 @@ def test_a_passing_impl_is_enabled_when_a_faster_one_fails_the_rule(noisy):
 @pytest.mark.parametrize("kernel_mib, speedup, ci, why", [
     (90.0, 1.01, [0.97, 1.04], "objective memory: peak 0.90x the compiler's (90 of 100 MiB), not slower 1.01x"),
     (91.0, 1.01, [0.97, 1.04], "objective memory: best kernel cpu_rows's peak is 0.91x the compiler's (91 of 100 MiB), "
-                               "above 0.90x"),
+                               "above 0.90x, and at about the compiler's memory it must be faster: 1.01x (95% CI "
+                               "0.97-1.04) is below the threshold 1.05x"),
     (50.0, 0.94, [0.90, 0.98], "but it is slower: 0.94x (95% CI 0.90-0.98 lies below 1)"),
     (None, 1.01, [0.97, 1.04], "objective memory: the peak memory of best kernel cpu_rows was not measured"),
-])
-def test_memory_objective_enables_a_kernel_whose_peak_is_a_tenth_lower_and_that_is_not_slower(kernel_mib, speedup, ci,
-                                                                                               why):
+    (100.0, 1.29, [1.24, 1.34], "objective memory: peak 1.00x the compiler's (100 of 100 MiB), not above it, and "
+                                "faster 1.29x (95% CI 1.24-1.34)"),
+    (100.05, 1.21, [1.18, 1.26], "objective memory: peak 1.00x the compiler's (100.05 of 100 MiB), not above it, and "
+                                 "faster 1.21x"),  # within the four digits the peaks are recorded to
+    (100.0, 1.29, [0.98, 1.60], "objective memory: best kernel cpu_rows's peak is 1.00x the compiler's (100 of 100 "
+                                "MiB), above 0.90x, and at about the compiler's memory it must be faster: 1.29x but "
+                                "its 95% CI 0.98-1.60 reaches 1"),
+    (101.0, 1.60, [1.50, 1.70], "objective memory: best kernel cpu_rows's peak is 1.01x the compiler's (101 of 100 "
+                                "MiB), above the compiler's"),
+], ids=["tenth-lower", "not-lower-not-faster", "lower-but-slower", "unmeasured", "equal-and-faster",
+        "equal-within-resolution", "equal-interval-reaches-1", "faster-but-more-memory"])
+def test_memory_objective_never_more_memory_then_the_time_rule(kernel_mib, speedup, ci, why):
+    """Enabled where the peak is a tenth lower and the kernel not slower, or where the peak is the compiler's and
+    the kernel passes the time rule; a faster kernel of higher peak is refused."""
     from nki_autotune.autotune.decision import Candidate, decide
 
     m = {"speedup": speedup, "ci95": ci, "rel_err": 1e-7, "tolerance": 1e-5, "compiler_peak_mib": 100.0}
@@ -289,8 +301,27 @@ def test_memory_objective_enables_a_kernel_whose_peak_is_a_tenth_lower_and_that_
     entry = decide(key, candidates, 1.05, ["a"], {"cpu_rows": IMPL}, objective="memory")
     assert (entry.impl is not None) == why.startswith("objective memory: peak"), entry.reason
     assert why in entry.reason and entry.measured["objective"] == "memory"
-    timed = decide(key, candidates, 1.05, ["a"], {"cpu_rows": IMPL})  # not shown faster: time keeps the compiler
-    assert timed.impl is None and timed.measured["objective"] == "time" and "objective" not in timed.reason
+    timed = decide(key, candidates, 1.05, ["a"], {"cpu_rows": IMPL})  # time: faster alone, whatever the memory
+    assert (timed.impl is not None) == (speedup >= 1.05 and ci[0] > 1.0), timed.reason
+    assert timed.measured["objective"] == "time" and "objective" not in timed.reason
+
+
+def test_memory_objective_prefers_a_tenth_leaner_kernel_to_a_faster_one_at_the_compiler_s_memory():
+    from nki_autotune.autotune.decision import Candidate, decide
+
+    def cand(name, speedup, mib):
+        return Candidate(name, {"threads": 2}, {"speedup": speedup, "ci95": [speedup - 0.02, speedup + 0.02],
+                                                "rel_err": 1e-7, "tolerance": 1e-5, "kernel_peak_mib": mib,
+                                                "compiler_peak_mib": 100.0}, True)
+
+    key = key_of("rmsnorm", "training", [((64, 128), "float32"), ((128,), "float32")])
+    impls = {"cpu_rows": IMPL, "mine": IMPL, "third": IMPL}
+    lean = decide(key, [cand("cpu_rows", 1.8, 100.0), cand("mine", 1.02, 60.0)], 1.05, ["a"], impls,
+                  objective="memory")
+    assert lean.impl == "mine" and "not slower 1.02x" in lean.reason
+    equal = decide(key, [cand("cpu_rows", 1.3, 100.0), cand("mine", 1.6, 100.0), cand("third", 2.0, 120.0)], 1.05,
+                   ["a"], impls, objective="memory")
+    assert equal.impl == "mine" and "not above it, and faster 1.60x" in equal.reason
 
 
 @pytest.mark.parametrize("quick_us, chosen", [(50.0, "quick"), (97.0, "small")], ids=["far-faster", "near-tie"])
@@ -319,8 +350,8 @@ def test_memory_objective_compares_the_leanest_config_near_the_fastest_and_share
 
 
 def test_memory_objective_between_trials_and_between_impls():
-    """``best_trial``: where no config clears the 10% bar the leanest of those not slower is compared (its final
-    comparison then says why it is refused), a slower one never; ``decide``: of two impls that both pass, the leaner
+    """``best_trial``: where no config clears the 10% bar, the fastest at the compiler's peak, else the leanest of
+    those not slower is compared (its final comparison then says why it is refused), a slower one never; ``decide``: of two impls that both pass, the leaner
     where their speeds are within 5%, the faster where they are not."""
     from nki_autotune.autotune.decision import Candidate, best_trial, decide
     from nki_autotune.autotune.search import TrialResult
@@ -329,8 +360,10 @@ def test_memory_objective_between_trials_and_between_impls():
         return TrialResult({"threads": threads}, speedup, {"kernel_peak_mib": mib, "compiler_peak_mib": 100.0})
 
     order = {str(sorted({"threads": t}.items())): i for i, t in enumerate((1, 2, 4))}
-    heavy = [trial(1, 1.3, 99.0), trial(2, 1.1, 95.0), trial(4, 0.9, 50.0)]
-    assert best_trial(heavy, order, "memory").config == {"threads": 2}
+    heavy = [trial(1, 1.3, 101.0), trial(2, 1.1, 105.0), trial(4, 0.9, 50.0)]
+    assert best_trial(heavy, order, "memory").config == {"threads": 1}
+    equal = [trial(1, 1.1, 100.0), trial(2, 1.3, 100.0), trial(4, 1.6, 120.0)]  # the fastest at the compiler's peak
+    assert best_trial(equal, order, "memory").config == {"threads": 2}
     assert best_trial(heavy, order, "time").config == {"threads": 1}
 
     key = key_of("rmsnorm", "training", [((64, 128), "float32"), ((128,), "float32")])
