@@ -1,4 +1,4 @@
-"""The decision rule (DESIGN §6.5) and the table entry that records it.
+"""The decision rule (docs/design.md §6.5) and the table entry that records it.
 
 Two objectives. ``time`` (the default): the fastest kernel whose median speedup is at least the threshold and
 whose 95% interval lies above 1. ``memory`` is "never more memory, then the time rule": a kernel is enabled where

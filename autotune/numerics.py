@@ -1,4 +1,4 @@
-"""Numerics gate (DESIGN §6.3): a candidate against the float64 reference, outputs and gradients."""
+"""Numerics gate (docs/design.md §6.3): a candidate against the float64 reference, outputs and gradients."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The config search (DESIGN §6.2): one Optuna study per (key, impl), resumable and shared by many workers.
+"""The config search (docs/design.md §6.2): one Optuna study per (key, impl), resumable and shared by many workers.
 
 Small spaces are run exhaustively, larger ones by seeded TPE whose first trial (enqueued) is the impl's default
 config fitted to the key, where that is a config of the space: the search measures what runs untuned. Every piece

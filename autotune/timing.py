@@ -1,4 +1,4 @@
-"""Timing kernels and the compiler the same way (DESIGN §6.4).
+"""Timing kernels and the compiler the same way (docs/design.md §6.4).
 
 Each candidate is a compiled region (``fullgraph=True, dynamic=False``) that makes ``calls`` independent calls
 of the op on distinct inputs, built in the key's layouts; in training mode the step also runs the backward

@@ -1,4 +1,4 @@
-"""The autotuner: profile -> keys -> trials -> decisions -> table (DESIGN §6).
+"""The autotuner: profile -> keys -> trials -> decisions -> table (docs/design.md §6).
 
 The tuner only coordinates: it claims work through the study storage (``search``), has a bench measure it
 (``measure.LocalBench`` in this process, or ``worker.IsolatedBench`` in a worker process), and decides from

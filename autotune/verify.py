@@ -1,5 +1,5 @@
 """``nki-autotune verify TABLE STEP``: the full training step under the table, against every kernel off and
-every kernel on, then each enabled entry switched off alone (DESIGN §6.7).
+every kernel on, then each enabled entry switched off alone (docs/design.md §6.7).
 
 The sum of isolated kernel measurements is not the full iteration: a kernel's custom-op call, the fusion it
 prevents and the memory it touches show up only in the whole step. So the step itself is timed, in one

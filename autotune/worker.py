@@ -1,4 +1,4 @@
-"""Trials in a worker process (DESIGN §6.6): a config that crashes the process, hangs past the trial time
+"""Trials in a worker process (docs/design.md §6.6): a config that crashes the process, hangs past the trial time
 limit or exhausts memory is a failed trial with that reason, and the run goes on.
 
 The worker (a spawned process running ``measure.LocalBench``) is kept warm across trials: the current key's

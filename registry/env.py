@@ -1,4 +1,4 @@
-"""The switches of DESIGN §4, read once into a frozen object.
+"""The switches of docs/design.md §4, read once into a frozen object.
 
 Compiled code must never read ``os.environ``: a variable read at trace time would
 be baked into the graph without a guard. Everything reads ``settings()`` instead,
@@ -89,7 +89,7 @@ def _flag(var: str, raw: str) -> bool:
 
 
 VARIABLES = (KERNELS, TABLE, STRICT, RECORD, RECORD_SAMPLES, LOG)
-"""Every variable of DESIGN §4 but the per-op ``NKI_AUTOTUNE_KERNEL_<OP>``."""
+"""Every variable of docs/design.md §4 but the per-op ``NKI_AUTOTUNE_KERNEL_<OP>``."""
 
 
 def read_settings(env: Mapping[str, str]) -> Settings:

@@ -1,4 +1,4 @@
-"""Which path a call takes: per-op variable > global variable > table > compiler path (DESIGN §4).
+"""Which path a call takes: per-op variable > global variable > table > compiler path (docs/design.md §4).
 
 ``resolve`` is the whole rule, and it depends only on the call's key, the devices of its tensors and the
 switches in force (a ``switches.View``); dispatch caches what it returns.

@@ -1,4 +1,4 @@
-"""Profiles (DESIGN §5): the call sites of a real run, which the autotuner turns into keys.
+"""Profiles (docs/design.md §5.1): the call sites of a real run, which the autotuner turns into keys.
 
 Version 2 records each input's layout (``strides``, only where not contiguous) and, as ``requires_grad``,
 whether the call needed that input's gradient (false under ``torch.no_grad()``). Version 1 files still load:

@@ -1,4 +1,4 @@
-"""The dispatch table (DESIGN §5): which impl and config serve each call-site key.
+"""The dispatch table (docs/design.md §5.2): which impl and config serve each call-site key.
 
 Plain data: reading, validating and writing a table imports neither torch nor any kernel, so ``show`` and
 ``diff`` stay light. Validation against the registered ops (op names, attributes, impls, configs) happens

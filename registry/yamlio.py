@@ -15,7 +15,7 @@ class FormatError(ValueError):
 
 
 class Flow(list):
-    """A list written on one line, as in DESIGN §5's examples."""
+    """A list written on one line, as in the examples of docs/design.md §5."""
 
 
 class FlowDict(dict):

@@ -1,4 +1,4 @@
-"""The switches of DESIGN §4: values, precedence, errors that name the variable."""
+"""The switches of docs/design.md §4: values, precedence, errors that name the variable."""
 
 from __future__ import annotations
 

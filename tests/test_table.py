@@ -1,4 +1,4 @@
-"""Dispatch tables (DESIGN §5): round trip, atomic writes, validation errors, fingerprints."""
+"""Dispatch tables (docs/design.md §5.2): round trip, atomic writes, validation errors, fingerprints."""
 
 from __future__ import annotations
 
@@ -183,7 +183,7 @@ def test_layout_and_gradients_round_trip_and_stay_short_where_default(tmp_path):
     assert text.startswith("version: 2\n")
     assert "[[2, 4, 8, 16], float32, {strides: [512, 16, 64, 1]}]" in text
     assert "[[2, 8, 16], float32, {grad: false}]" in text  # cos and sin need no gradient: said, as not the default
-    assert "inputs: [[[8, 64], float32], [[64], float32]]" in text  # DESIGN §5's form where all is default
+    assert "inputs: [[[8, 64], float32], [[64], float32]]" in text  # docs/design.md §5.2's form where all is default
     back = load_table(path, ops())
     assert [e.key for e in back.entries] == [key, plain]
     assert load_table(path).entries[0].key == key  # the same key without the ops (show, diff)

@@ -351,8 +351,8 @@ def test_memory_objective_compares_the_leanest_config_near_the_fastest_and_share
 
 def test_memory_objective_between_trials_and_between_impls():
     """``best_trial``: where no config clears the 10% bar, the fastest at the compiler's peak, else the leanest of
-    those not slower is compared (its final comparison then says why it is refused), a slower one never; ``decide``: of two impls that both pass, the leaner
-    where their speeds are within 5%, the faster where they are not."""
+    those not slower is compared (its final comparison then says why it is refused), a slower one never; ``decide``:
+    of two impls that both pass, the leaner where their speeds are within 5%, the faster where they are not."""
     from nki_autotune.autotune.decision import Candidate, best_trial, decide
     from nki_autotune.autotune.search import TrialResult
 
