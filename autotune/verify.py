@@ -158,6 +158,13 @@ def ceiling(table: Table, off_ms: float) -> dict[str, Any] | None:
             "speedup": round(off_ms / (off_ms - ms), 4) if ms < off_ms else None}
 
 
+def _pays_in_memory(peak_saving: int | None, saving: float, hi: float) -> bool:
+    """Never more memory, then time: a lower step peak and not shown slower, or the same peak and a time saving."""
+    if peak_saving is None or peak_saving < 0:
+        return False
+    return hi >= 0 if peak_saving > 0 else saving > 0
+
+
 class Verifier:
     def __init__(self, table: Table, table_path: str, make_step: Callable[[], Callable[[], Any]], rounds: int = 20,
                  warmup: int = 3, seed: int = 0, tolerance: float = 1e-3, ablate: bool = True,
@@ -262,7 +269,8 @@ class Verifier:
             c, k = _us(e, "compiler_us"), _us(e, "kernel_us")
             predicted = None if c is None or k is None else _calls(e) * (c - k) / 1e3
             peak_saving = None if v.peak is None or by["table"].peak is None else v.peak - by["table"].peak
-            # an entry chosen for its memory pays where it lowers the step's peak and is not shown slower
+            # an entry chosen for its memory pays where it lowers the step's peak and is not shown slower, or where it
+            # leaves the peak as it is and saves time (the decision's two branches, docs/design.md §6.5)
             by_memory = e.measured.get("objective") == "memory"
             entries.append({
                 "entry": v.entry, "key": e.key.label(), "impl": e.impl,
@@ -271,7 +279,7 @@ class Verifier:
                 "times_ms": [round(t * 1e3, 3) for t in v.times], "timed_as": v.same_as,
                 "realized_peak_mib": None if peak_saving is None else mib(peak_saving),
                 "objective": "memory" if by_memory else "time",
-                "kept": (peak_saving or 0) > 0 and hi >= 0 if by_memory else saving > 0,
+                "kept": _pays_in_memory(peak_saving, saving, hi) if by_memory else saving > 0,
             })
         t = speedups["table over off"]
         some = bool(self.enabled())
@@ -297,7 +305,8 @@ class Verifier:
 
     def pruned(self, report: Report) -> Table:
         """The table with every entry that does not pay sent back to the compiler: its realized saving is not positive
-        or, for an entry chosen for memory, it does not lower the step's peak or is shown slower."""
+        or, for an entry chosen for memory, it neither lowers the step's peak without being shown slower nor leaves
+        the peak as it is and saves time."""
         drop = {r["entry"]: r for r in report.entries if not r["kept"]}
         entries = []
         for i, e in enumerate(self.table.entries):

@@ -133,6 +133,9 @@ def test_an_entry_chosen_for_memory_pays_where_it_lowers_the_steps_peak_and_is_n
     assert not slower.entries[0]["kept"]  # 5 ms slower in every round: its memory does not make up for it
     _, timed = _report(100.0, 100.0, [0.0], peaks=[60, 100, 58, 90])
     assert not timed.entries[0]["kept"]  # chosen for time, it must save time
+    _, equal = _report(100.0, 100.0, [2.0, 0.0, 2.0], peaks=[60, 100, 58, 60, 60, 59], objective="memory")
+    # at the step's peak: kept where it saves time; one whose absence lowers the peak adds memory: never kept
+    assert [e["kept"] for e in equal.entries] == [True, False, False]
 
 
 def test_verify_command(tmp_path):
