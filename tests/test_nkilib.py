@@ -157,18 +157,63 @@ def test_cross_entropy_forward(lib, lnc, b, t, v, dtype, pb, cs):
     assert_max_close(lse, want_lse, tol, tol, "lse")
 
 
-def test_cross_entropy_forward_fp32_chunk_of_the_whole_vocabulary_overflows_sbuf(lib, lnc, monkeypatch):
-    """switch_transformers_full_config [4, 4096, 32128, float32, 64, 32128], reduced to T=2: the kernel keeps two
-    float32 tiles of 64 x 32128 (128512 bytes per partition each) live at once, more than the usable SBUF of a
-    partition (TS sbuf_fmax_bytes: 240 KiB on trn3), which the interpreter refuses by the capacity rule."""
+def test_cross_entropy_forward_fp32_chunk_of_the_whole_vocabulary(lib, lnc, monkeypatch):
+    """switch_transformers_full_config [4, 4096, 32128, float32, 64, 32128], reduced to T=2: two float32 tiles of
+    64 x 32128 (128512 bytes per partition each), but the chunk's last use is the instruction that first writes the
+    exponentials, which takes its bytes, so they are never live at once and fit trn3's 240 KiB."""
     load, nki = lib
     forward = load("experimental.loss.cross_entropy").cross_entropy_forward
+    ref = load("experimental.loss.cross_entropy_torch").cross_entropy_forward_torch_ref
     lnc(2)
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")  # on a trn2 host too
     logits, targets = _logits(4, 2, 32128, np.float32)
-    with pytest.raises(nki.NkiError, match=r"SBUF full on trn3: .* capacity 245760"):
-        nki.simulate(forward)(logits_hbm=logits, targets_hbm=targets, positions_per_batch=64, chunk_size=32128,
-                              dtype="float32")
+    loss, lse = nki.simulate(forward)(logits_hbm=logits, targets_hbm=targets, positions_per_batch=64, chunk_size=32128,
+                                      dtype="float32")
+    want_loss, want_lse = ref(torch_of(logits), torch.from_numpy(targets).long())
+    assert_max_close(loss, want_loss, 1e-5, 1e-5, "loss")
+    assert_max_close(lse, want_lse, 1e-5, 1e-5, "lse")
+
+
+@pytest.mark.parametrize("target, degree", [("trn3", 1), ("trn2", 2)])
+def test_cross_entropy_forward_then_backward_at_a_chunk_of_the_whole_vocabulary(lib, lnc, monkeypatch, target,
+                                                                                degree):
+    """The library's own test size: 64 positions x 32128, bfloat16, positions_per_batch=64, chunk_size=32128, the
+    backward (sum, in place) on the forward's lse. The backward declares five chunk tiles up front (385536 bytes per
+    partition); live from first to last use, at most the gradient and the float32 index mask are live at once (192768
+    bytes)."""
+    load, nki = lib
+    ce = load("experimental.loss.cross_entropy")
+    refs = load("experimental.loss.cross_entropy_torch")
+    lnc(degree)
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", target)
+    logits, targets = _logits(1, 64, 32128, BF16)
+    target_t = torch.from_numpy(targets).long()
+    want_loss, want_lse = refs.cross_entropy_forward_torch_ref(torch_of(logits), target_t)
+    want = refs.cross_entropy_backward_torch_ref(torch_of(logits), target_t, "sum")
+    sizes = {"positions_per_batch": 64, "chunk_size": 32128, "dtype": "bfloat16"}
+    loss, lse = nki.simulate(ce.cross_entropy_forward)(logits_hbm=logits, targets_hbm=targets, **sizes)
+    assert_max_close(loss, want_loss, 1e-2, 1e-2, "loss")
+    assert_max_close(lse, want_lse, 1e-2, 1e-2, "lse")
+    grad = nki.simulate(ce.cross_entropy_backward)(logits_hbm=logits, targets_hbm=targets, lse_state_hbm=lse,
+                                                   reduction="sum", inplace=True, **sizes)
+    assert_max_close(grad, want, 1e-2, 1e-2, "grad")
+    np.testing.assert_array_equal(logits, grad)  # in place: the gradient overwrote logits_hbm
+
+
+def test_cross_entropy_backward_whose_live_tiles_exceed_the_partition_fails(lib, lnc, monkeypatch):
+    """A chunk of 49152 bfloat16: the gradient (98304 bytes per partition) is still live when the float32 index tile
+    (196608 bytes) is first written, 294912 bytes at once, past trn3's 245760."""
+    load, nki = lib
+    backward = load("experimental.loss.cross_entropy").cross_entropy_backward
+    lnc(1)
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    logits, targets = _logits(1, 8, 49152, BF16)
+    lse = randn(8, dtype=BF16)
+    with pytest.raises(nki.NkiError, match=r"shape=\[64, 49152\], buffer=nl.sbuf\), first used at cross_entropy.py:"
+                                           r"\d+: SBUF full on trn3: 98308 bytes per partition live in 2 tensor\(s\), "
+                                           r"196608 more requested, capacity 245760"):
+        nki.simulate(backward)(logits_hbm=logits, targets_hbm=targets, lse_state_hbm=lse, reduction="sum",
+                               positions_per_batch=64, chunk_size=49152, dtype="bfloat16")
 
 
 @pytest.mark.parametrize("b, t, v, dtype, pb, cs, reduction", [

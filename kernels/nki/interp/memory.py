@@ -1,14 +1,18 @@
-"""On-chip memory of one launch, counted by live range: a tile is live from its allocation to its last use.
+"""On-chip memory of one launch, counted by live range: a tile is live from its first use to its last.
 
-The compiler allocates SBUF and PSUM from the program, not from Python's references: under NKI 0.7 Python loops
-are unrolled at specialization (docs: nki/deep-dives/nki-loops.rst), so each iteration's tiles are separate
-allocations whose lives end at their last instruction. A compiled loop (``nl.fori_loop``, ``nl.while_loop``) is
-one body run many times: the tensors it allocates are allocated once for the whole loop, and every tensor it uses
-stays live until the loop ends (docs: nki/deep-dives/nki-dynamic-loops.rst, "Register Allocation Implications").
-The peak over the program is checked against the target's capacity when the launch ends. A tensor placed with
-``address=(partition, byte offset)`` (nki.language.ndarray; the NKI Library's allocators place every tile) occupies
-those bytes: placed tensors that share addresses share them, and the bytes of every placed tensor live at an instant
-count once alongside the compiler-allocated ones.
+The compiler allocates SBUF and PSUM from the program, not from Python's references: it "assigns an address to a
+tile at its first write and releases the address after its last read" (docs: nki.compiler.Allocation, LINEAR), so a
+tile declared up front takes no bytes before an instruction first uses it, and none after the last one does, however
+long the kernel keeps naming it. An instruction reads its inputs before it writes its outputs, so the tiles it first
+writes may take the bytes of those it reads last. Under NKI 0.7 Python loops are unrolled at specialization (docs:
+nki/deep-dives/nki-loops.rst), so each iteration's tiles are separate allocations. A compiled loop (``nl.fori_loop``,
+``nl.while_loop``) is one body run many times: the tensors it allocates are allocated once for the whole loop, and
+every tensor it uses stays live for the whole loop (docs: nki/deep-dives/nki-dynamic-loops.rst, "Register Allocation
+Implications"). A tile no instruction uses counts at its allocation. The peak over the program is checked against the
+target's capacity when the launch ends. A tensor placed with ``address=(partition, byte offset)``
+(nki.language.ndarray; the NKI Library's allocators place every tile) occupies those bytes: placed tensors that share
+addresses share them, and the bytes of every placed tensor live at an instant count once alongside the
+compiler-allocated ones.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ class Interval:
     label: str
     address: int | None = None
     """The first byte within the partition of a tensor placed with ``address=``; None where the compiler places it."""
+    used: str = ""
+    """The kernel line of the first use (empty until then): the live range starts there, not at the allocation."""
 
 
 @dataclass(eq=False)
@@ -100,7 +106,8 @@ class Memory:
             key = (site, n)
             iv = outer.slots.get(key)
             if iv is None:
-                iv = outer.slots[key] = Interval(buffer, nbytes, outer.start, outer.start, what, byte)
+                used = f"the start of the compiled loop allocating it at {Path(site[0]).name}:{site[1]}"
+                iv = outer.slots[key] = Interval(buffer, nbytes, outer.start, outer.start, what, byte, used)
                 self.intervals.append(iv)
         else:
             iv = Interval(buffer, nbytes, self.clock + 1, self.clock + 1, what, byte)
@@ -108,9 +115,14 @@ class Memory:
         storage.interval = iv
 
     def touch(self, storage) -> None:
+        """A use by the current instruction: the first one opens the live range, every one extends it."""
         iv = getattr(storage, "interval", None)
         if iv is None:
             return
+        if not iv.used:
+            file, line = _site()
+            iv.used = f"{Path(file).name}:{line}"
+            iv.start = max(iv.start, self.clock)  # a write outside an instruction (nl.zeros) is at its allocation
         iv.end = max(iv.end, self.clock)
         if self.loops:
             self.loops[-1].touched.add(iv)
@@ -126,46 +138,58 @@ class Memory:
 
     def loop_end(self) -> None:
         loop = self.loops.pop()
-        for iv in loop.touched | set(loop.slots.values()):
-            iv.end = max(iv.end, self.clock)
+        for iv in loop.touched | set(loop.slots.values()):  # the body runs again: live for the whole loop
+            iv.start, iv.end = min(iv.start, loop.start), max(iv.end, self.clock)
         if self.loops:
             self.loops[-1].touched |= loop.touched | set(loop.slots.values())
 
     def check(self) -> None:
         """The peak of live bytes per partition, per buffer, against the capacity: the compiler-allocated tensors'
-        sizes plus the bytes covered by placed tensors (each byte once)."""
+        sizes plus the bytes covered by placed tensors (each byte once). Releases sort before allocations at the same
+        instant, and a compiler-allocated tensor used last by an instruction is released at that instruction: the
+        instruction reads it before it writes, so the tiles it first writes may take its bytes (an engine may write
+        in place, dst over data; a register allocator gives a result the register of an operand that dies there).
+        A placed tensor holds its own bytes to the end of its last instruction."""
         for buffer in ("sbuf", "psum"):
             cap = self.capacity(buffer)
             events = []
             for iv in self.intervals:
                 if iv.buffer == buffer:
                     events.append((iv.start, 1, iv))
-                    events.append((iv.end + 1, 0, iv))  # releases sort before allocations at the same instant
-            live, count = 0, 0
+                    events.append((iv.end + (iv.address is not None or iv.end == iv.start), 0, iv))
+            live, alive = 0, {}
             placed = _Coverage(cap)
             for _, kind, iv in sorted(events, key=lambda e: (e[0], e[1])):
                 if kind == 0:
-                    count -= 1
+                    del alive[iv]
                     if iv.address is None:
                         live -= iv.nbytes
                     else:
                         placed.remove(iv.address, iv.nbytes)
                     continue
-                if iv.address is None:
-                    total = live + placed.covered + iv.nbytes
-                else:
-                    total = live + placed.covered + placed.added(iv.address, iv.nbytes)
-                if total > cap:
-                    raise NkiError(f"{iv.label}: {buffer.upper()} full on {self.target.name}: "
-                                   f"{live + placed.covered} bytes per partition live in {count} tensor(s), "
-                                   f"{iv.nbytes} more requested, capacity {cap} (live range: from allocation to last "
-                                   "use; a compiled loop holds its tiles for the whole loop; placed tensors count the "
-                                   "bytes they cover)")
-                count += 1
+                added = iv.nbytes if iv.address is None else placed.added(iv.address, iv.nbytes)
+                if live + placed.covered + added > cap:
+                    raise self._full(buffer, cap, [*alive, iv])
+                alive[iv] = None
                 if iv.address is None:
                     live += iv.nbytes
                 else:
                     placed.add(iv.address, iv.nbytes)
+
+    def _full(self, buffer: str, cap: int, live: list[Interval]) -> NkiError:
+        """The error of an instant whose live tensors overflow: the one allocated last is the one requested."""
+        req = max(live, key=self.intervals.index)
+        rest = [iv for iv in live if iv is not req]
+        placed = _Coverage(cap)
+        for iv in rest:
+            if iv.address is not None:
+                placed.add(iv.address, iv.nbytes)
+        held = sum(iv.nbytes for iv in rest if iv.address is None) + placed.covered
+        where = f", first used at {req.used}" if req.used else ""
+        return NkiError(f"{req.label}{where}: {buffer.upper()} full on {self.target.name}: {held} bytes per partition "
+                        f"live in {len(rest)} tensor(s), {req.nbytes} more requested, capacity {cap} (live range: "
+                        "from first use to last use, whose tiles may take the bytes of those it uses last; a compiled "
+                        "loop holds its tiles for the whole loop; placed tensors count the bytes they cover)")
 
 
 class _Coverage:

@@ -195,9 +195,17 @@ class NkiTensor:
     # -- values -------------------------------------------------------------------------------------------
     def read(self) -> np.ndarray:
         """The values (a view: callers that keep or change them copy)."""
+        self.use()
         return self.arr
 
+    def use(self) -> None:
+        """Every read and write is a use of an on-chip tile for its live range (memory.Memory), a (P, 1) operand
+        tile and a write outside an instruction (nl.zeros, ``t[...] = v``) included."""
+        if self.storage.interval is not None:
+            current().memory.touch(self.storage)
+
     def write(self, values: np.ndarray) -> None:
+        self.use()
         self.arr[...] = cast(np.broadcast_to(values, self.shape), self.dtype)
         self.storage.dirty = True
         if self.storage.written is not None:
@@ -477,11 +485,13 @@ class Dynamic(NkiTensor):
 
     def read(self) -> np.ndarray:
         self._check("read")
+        self.use()
         rows = self.rows()
         return np.stack(rows) if self.per_row else rows[0]
 
     def write(self, values: np.ndarray) -> None:
         self._check("write")
+        self.use()
         values = np.broadcast_to(values, self.shape)
         for i, r in enumerate(self.rows()):
             r[...] = cast(values[i] if self.per_row else values, self.dtype)
