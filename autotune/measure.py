@@ -25,8 +25,8 @@ from .calibration import Calibration
 from .inputs import load_samples
 from .memory import mib, peak_bytes
 from .numerics import check_impl
-from .search import TrialResult
-from .timing import Clock, Runner, Workload, choose_calls, comparison, interleave
+from .search import TrialResult, first_config
+from .timing import Clock, Runner, Workload, calls_to_try, choose_calls, comparison, interleave
 
 LOCK_PATH = os.path.join("/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir(), "nki-autotune-measure.lock")
 """One path for every process and user of the machine (not the per-user temporary directory)."""
@@ -161,6 +161,29 @@ class LocalBench:
             return {"kernel_peak_mib": mib(self.peak(runner)), "compiler_peak_mib": mib(b.compiler_peak)}
         except Exception as e:
             return {"peak_error": f"{type(e).__name__}: {str(e)[:300]}"}
+
+    def precompile(self, key: Key, impl_names: list[str], samples: str | None = None) -> float:
+        """Compile ahead, untimed and without the machine lock: ``key``'s compiler and empty regions at every calls
+        ``choose_calls`` may try and each impl's first config through the numerics gate, so that
+        the timed phase finds them in the compilers' caches (Inductor's and numba's, on disk). Returns the seconds
+        it took."""
+        t0 = time.perf_counter()
+        op = get_op(key.op)
+        loaded = load_samples(samples) if samples else None
+        w = Workload(op, key, self.backend, sets=self.options.sets, seed=self.options.seed, samples=loaded)
+        for calls in calls_to_try(w):
+            w.prepare(calls)
+            w.compiler(), w.empty()
+        gen = torch.Generator().manual_seed(self.options.seed)
+        for name in impl_names:
+            impl = op.impls[name]
+            check_impl(impl, key, first_config(impl, key), gen, self.backend.device, loaded)
+        return time.perf_counter() - t0
+
+    def compile_ahead(self, work: list[tuple[Key, list[str], str | None]]) -> dict[Key, float | str]:
+        """In one process compiling ahead gains nothing: each key compiles as it comes (``IsolatedBench`` compiles
+        ahead on every core)."""
+        return {}
 
     # -- requests ------------------------------------------------------------------------------------------
     def trial(self, key: Key, impl_name: str, config: dict[str, int], samples: str | None = None) -> TrialResult:

@@ -169,6 +169,13 @@ def _in_space(impl: Impl, key: Key, config: dict[str, int] | None, allowed: list
     return config if config in allowed else None
 
 
+def first_config(impl: Impl, key: Key) -> dict[str, int]:
+    """The config a study of ``impl`` at ``key`` runs first: the fitted default where the space has it, else the
+    space's first (exhaustive order)."""
+    allowed = impl.configs(key)
+    return _in_space(impl, key, impl.config_at(key), allowed) or allowed[0]
+
+
 def handlers(evaluate: Callable[[dict[str, int]], TrialResult],
              measure: Callable[[dict[str, int]], dict[str, Any]]) -> dict[str, Callable[[dict[str, int]], TrialResult]]:
     """How each kind of claimed work is done: a config trial, and a final comparison (stored as measured)."""
@@ -267,6 +274,15 @@ class Search:
             value = t.value if t.state == TrialState.COMPLETE else None
             out[_config_id(cfg)] = TrialResult(dict(cfg), value, dict(t.user_attrs.get("info", {})))
         return list(out.values())
+
+    def settled(self, key: Key, impl: Impl) -> bool:
+        """Whether the study of ``impl`` at ``key`` already holds what a run needs of it: a final comparison not to
+        be measured again, or as many trials as the run asks for, every one failed (nothing to compare)."""
+        trials = self.study(key, impl).get_trials(deepcopy=False)
+        if any(_kind(t) == FINAL and _measured(t) and not _again(t) for t in trials):
+            return True
+        done = self.finished(trials)
+        return len(done) >= min(self.trials, len(impl.configs(key))) and all(r.failed for r in done)
 
     # -- claiming and running work ---------------------------------------------------------------------------
     def _claim(self, study: optuna.Study, key: Key, impl: Impl, handlers: dict[str, Callable[[dict], TrialResult]],

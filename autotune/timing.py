@@ -248,26 +248,38 @@ MAX_CALLS = 16
 """Most calls of the op in one region. A region's compile time grows faster than its calls (the compiler's region
 of the demo's RMSNorm key: 2.4 / 3.3 / 7.6 / 33.9 s at 1 / 4 / 16 / 64 calls): the last factor of four cost more
 than the rest of the key's tuning (the key took 104 s where it grew to 64 calls, 38-42 s where it stopped at 16)."""
+MAX_BYTES = 256 << 20
+"""Most bytes of inputs the input sets of one region hold together."""
 
 
-def choose_calls(workload: Workload, clock: Clock, max_calls: int = MAX_CALLS, max_bytes: int = 256 << 20,
+def calls_to_try(workload: Workload, max_calls: int = MAX_CALLS, max_bytes: int = MAX_BYTES) -> list[int]:
+    """The calls per region ``choose_calls`` tries, in order, at most: it grows by four until the work or the
+    memory (``max_bytes`` of inputs over the workload's sets) says stop."""
+    by_memory = max(1, max_bytes // max(1, workload.bytes_per_call() * workload.sets))
+    out = [1]
+    while out[-1] < min(max_calls, by_memory):
+        out.append(min(max_calls, by_memory, out[-1] * 4))
+    return out
+
+
+def choose_calls(workload: Workload, clock: Clock, max_calls: int = MAX_CALLS, max_bytes: int = MAX_BYTES,
                  rounds: int = 7) -> tuple[int, Runner, Runner]:
     """Calls per region so that the empty region costs under ``EMPTY_SHARE`` of the compiler region, where
     the work allows; returns the calls and the compiler and empty regions built for them.
 
     Both regions grow with the calls (the empty one keeps the same arity), so the share falls only while the
     op's work outweighs its per-call region cost: growth stops once the share stops falling."""
-    by_memory = max(1, max_bytes // max(1, workload.bytes_per_call() * workload.sets))
-    calls, share = 1, math.inf
-    while True:
+    share = math.inf
+    for calls in calls_to_try(workload, max_calls, max_bytes):
         workload.prepare(calls)
         compiler, empty = workload.compiler(), workload.empty()
         t = interleave([compiler, empty], rounds=rounds, clock=clock, warmup=2)
         new = median(t["empty"]) / max(median(t["compiler"]), 1e-12)
-        if new < EMPTY_SHARE or new > 0.9 * share or calls >= min(max_calls, by_memory):
-            return calls, compiler, empty
+        if new < EMPTY_SHARE or new > 0.9 * share:
+            break
         share = new
-        calls = min(max_calls, by_memory, calls * 4)
+    return calls, compiler, empty
 
 
-__all__ = ["Clock", "Runner", "Workload", "as_us", "choose_calls", "comparison", "fresh", "interleave", "per_call"]
+__all__ = ["Clock", "Runner", "Workload", "as_us", "calls_to_try", "choose_calls", "comparison", "fresh", "interleave",
+           "per_call"]

@@ -52,6 +52,7 @@ class Bench(Protocol):
     """Measures for the tuner: ``measure.LocalBench`` or ``worker.IsolatedBench``."""
 
     def trial(self, key: Key, impl: str, config: dict[str, int], samples: str | None = None) -> TrialResult: ...
+    def compile_ahead(self, work: list[tuple[Key, list[str], str | None]]) -> dict[Key, float | str]: ...
     def final(self, key: Key, impl: str, config: dict[str, int], samples: str | None = None) -> dict[str, Any]: ...
     def close(self) -> None: ...
 
@@ -92,6 +93,7 @@ class Tuner:
             if path is not None:
                 load_samples(path)
         self.listener.keys(len(keys))
+        self._compile_ahead(keys, profile)
         self.reference = self.search.calibration_reference()
         fingerprint = self.backend.fingerprint()
         entries: dict[Key, Entry] = {}
@@ -113,20 +115,41 @@ class Tuner:
                 time.sleep(self.options.poll_s)
         return Table(fingerprint, [entries[k] for k in keys])
 
-    # -- one key ------------------------------------------------------------------------------------------
-    def tune_key(self, key: Key, sites: list[Site], profile: Profile | None = None) -> Entry | None:
-        """The key's entry, or None while other workers still measure some of its work."""
-        op = get_op(key.op)
-        labels = [s.label() for s in sites]
-        samples = self._samples(sites, profile)
+    def _compile_ahead(self, keys: dict[Key, list[Site]], profile: Profile) -> None:
+        """Before any key is timed, the bench compiles the regions of every key whose studies still need work, on
+        every core (Inductor's compile of the compiler's regions and numba's of the kernels are most of a cold
+        key's time, and one key's compile would otherwise wait for the previous key's timing)."""
+        work = []
+        for key, sites in keys.items():
+            usable = self._usable(key)[0]
+            if any(not self.search.settled(key, impl) for impl in usable):
+                work.append((key, [impl.name for impl in usable], self._samples(sites, profile)))
+        if work:
+            self.listener.note(f"compiling {len(work)} key(s) ahead of timing")
+            t0 = time.monotonic()
+            failed = sum(isinstance(v, str) for v in self.bench.compile_ahead(work).values())
+            self.listener.note(f"compiled {len(work)} key(s) ahead in {time.monotonic() - t0:.0f} s"
+                               + (f" ({failed} failed: their trials will say why)" if failed else ""))
+
+    def _usable(self, key: Key) -> tuple[list[Impl], list[str]]:
+        """The impls of ``key``'s op on this backend that take it, and why each other one declines."""
         usable, declined = [], []
-        for impl in op.impls.values():
+        for impl in get_op(key.op).impls.values():
             if impl.backend != self.backend.name:
                 continue
             why = impl.supports(key.inputs, key.attr_dict)
             if why is None and not impl.configs(key):
                 why = "its constraint admits no config at this shape"
             (declined.append(f"{impl.qualname} declines: {why}") if why else usable.append(impl))
+        return usable, declined
+
+    # -- one key ------------------------------------------------------------------------------------------
+    def tune_key(self, key: Key, sites: list[Site], profile: Profile | None = None) -> Entry | None:
+        """The key's entry, or None while other workers still measure some of its work."""
+        op = get_op(key.op)
+        labels = [s.label() for s in sites]
+        samples = self._samples(sites, profile)
+        usable, declined = self._usable(key)
         if not usable:
             reason = "; ".join(declined) or f"{op.name} has no impl on backend {self.backend.name}"
             return Entry(key, None, sites=labels, reason=f"no kernel to try: {reason}")

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing
+import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -84,6 +86,13 @@ def _rss_bytes(pid: int) -> int | None:
     return None
 
 
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def default_memory_limit() -> int | None:
     """80% of the machine's memory (None where it cannot be read)."""
     try:
@@ -129,15 +138,20 @@ class Worker:
             self._proc.join(5)
         self._proc = self._conn = None
 
+    def start(self) -> None:
+        """Start the process from this thread unless it runs: its parent-death signal follows the thread that
+        started it, so a worker a short-lived thread would start would die with that thread."""
+        if not self.alive:
+            self._kill()
+            self._start()
+
     def ready(self, timeout: float = 600.0) -> None:
         """Started and past its imports (they are not a request's time: ``call`` counts from its request)."""
         if not self.alive:
             self.call("ready", (), timeout)
 
     def call(self, kind: str, args: tuple, timeout: float) -> Any:
-        if not self.alive:
-            self._kill()
-            self._start()
+        self.start()
         self._conn.send((kind, args))
         deadline, waiting = time.monotonic() + timeout, None
         while True:
@@ -233,6 +247,44 @@ class IsolatedBench:
             return self.worker.call("final", (key, impl, config, samples), self.final_timeout)
         except WorkerFailure as e:
             return {"error": str(e)}
+
+    def compile_ahead(self, work: list[tuple[Key, list[str], str | None]]) -> dict[Key, float | str]:
+        """Each key's regions and first configs compiled once, untimed, before any key is timed
+        (``LocalBench.precompile``): on every core, this worker and one more per further core taking the keys in
+        turn. The extra workers end with it. Returns each key's seconds, or why it failed: a failure is left for
+        the timed phase to meet and record as data."""
+        done: dict[Key, float | str] = {}
+        if not work:
+            return done
+        queue = list(reversed(work))
+        extra = [Worker(self.worker.backend, self.worker.options, self.worker.imports, self.worker.memory_limit)
+                 for _ in range(min(len(work), _cores()) - 1)]
+
+        def drain(worker: Worker) -> None:
+            while True:
+                try:
+                    key, impls, samples = queue.pop()
+                except IndexError:
+                    return
+                try:
+                    done[key] = worker.call("precompile", (key, impls, samples), self.prepare_timeout)
+                except WorkerFailure as e:
+                    done[key] = str(e)
+
+        workers = (self.worker, *extra)
+        threads = [threading.Thread(target=drain, args=(w,), name="nki-autotune-compile-ahead", daemon=True)
+                   for w in workers]
+        try:
+            for w in workers:
+                w.start()  # from this thread, so that each outlives the thread that drives it
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            for w in extra:
+                w.close(wait_s=0)
+        return done
 
     @property
     def longest_s(self) -> float:
