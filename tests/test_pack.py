@@ -93,6 +93,8 @@ def segment_sum_case(shape, gen):
             lambda s, i: nk.segment_sum(s, i, segs))
 
 
+SATURATES_AS_PYTORCH = {"geglu"}  # see test_geglu_saturates_where_pytorch_does
+
 CASES = [softmax_case, swiglu_case, geglu_case, rope_case, cross_entropy_case, embedding_case, segment_sum_case]
 
 
@@ -108,8 +110,10 @@ def test_matches_float64_reference_forward_and_backward(switches, case, shape, s
     assert exp.path == ("kernel" if switch == "on" else "compiler"), exp
     outs, grads = run_with_grads(fn, inputs)
     ref_outs, ref_grads = run_with_grads(ref, as64(inputs))
-    # the kernels hold 1e-5 on every input; PyTorch's float32 (the compiler path) only where the input lets it
-    tol = 1e-5 if switch == "on" else max(1e-5, 4 * float32_floor(ref, inputs))
+    # the kernels hold 1e-5 on every input; PyTorch's float32 (the compiler path) only where the input lets it, and
+    # so GeGLU's kernel, which is -0 where PyTorch's is (a gate below about -5.3) and float64 is not
+    floor = switch == "off" or name in SATURATES_AS_PYTORCH
+    tol = max(1e-5, 4 * float32_floor(ref, inputs)) if floor else 1e-5
     for o, r in zip(outs, ref_outs):
         assert o.shape == r.shape and o.dtype == torch.float32
         assert rel_err(o, r) < tol
