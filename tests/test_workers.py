@@ -95,12 +95,13 @@ def storage(request, tmp_path):
     return url.rsplit("/", 1)[0] + "/" + db
 
 
-def _start(tmp_path, storage, name, step=0.02, lease=600.0, profile_doc=PROFILE):
+def _start(tmp_path, storage, name, step=0.02, lease=600.0, profile_doc=PROFILE, trials=20):
     profile = tmp_path / "profile.yaml"
     if not profile.exists():
         profile.write_text(yaml.safe_dump(profile_doc))
     cmd = [sys.executable, WORKER, storage, profile, tmp_path / f"{name}.yaml", "--step", str(step), "--lease",
-           str(lease), "--heartbeat", "1", "--lock", tmp_path / "measure.lock", "--lock-log", tmp_path / "lock.log"]
+           str(lease), "--heartbeat", "1", "--lock", tmp_path / "measure.lock", "--lock-log", tmp_path / "lock.log",
+           "--trials", trials]
     return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -274,3 +275,42 @@ def test_an_error_of_the_tuner_itself_while_running_a_trial_is_not_taken_for_a_t
 
     with pytest.raises(ValueError, match="a bug in the bench"):
         search._claim(study, key, op.impls["cpu_rows"], handlers(broken, lambda cfg: {}), lambda r: None)
+
+
+THREE = {"version": 2, "sites": [
+    {"op": "rmsnorm", "site": f"m.{n}", "attrs": {"eps": 1e-6},
+     "inputs": [{"shape": [n, 64], "dtype": "float32", "requires_grad": True},
+                {"shape": [64], "dtype": "float32", "requires_grad": True}]} for n in (32, 48, 80)]}
+
+
+def _states(storage):
+    return {(study, t.number): t.state.name for study, t in _trials(storage)}
+
+
+def _holding(storage, pid) -> bool:
+    return any(t.state.name == "RUNNING" and t.user_attrs.get("worker", "").endswith(f":{pid}")
+               for _, t in _trials(storage))
+
+
+def test_a_run_where_every_key_is_decided_adds_nothing_after_a_worker_was_killed(tmp_path, storage):
+    """Two workers, the sampler's search (fewer trials than configs), one killed mid-trial, the survivor finishes:
+    the storage then holds no trial left waiting or running, and a further run of the profile adds no trial and
+    writes the same table."""
+    slow = _start(tmp_path, storage, "slow", step=0.3, lease=6.0, profile_doc=THREE, trials=3)
+    deadline = time.monotonic() + 120
+    while not _holding(storage, slow.pid):
+        assert time.monotonic() < deadline, "the slow worker never claimed a trial"
+        time.sleep(0.3)
+    fast = _start(tmp_path, storage, "fast", lease=6.0, profile_doc=THREE, trials=3)
+    slow.send_signal(signal.SIGKILL)
+    slow.wait()
+    out, err = fast.communicate(timeout=300)
+    assert fast.returncode == 0, err
+    before = _states(storage)
+    assert not [k for k, state in before.items() if state in ("WAITING", "RUNNING")], before
+    for run in ("again", "third"):
+        again = _start(tmp_path, storage, run, lease=6.0, profile_doc=THREE, trials=3)
+        out, err = again.communicate(timeout=300)
+        assert again.returncode == 0, err
+        assert _states(storage) == before
+        assert _entries(tmp_path / f"{run}.yaml") == _entries(tmp_path / "fast.yaml")

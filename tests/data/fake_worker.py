@@ -1,7 +1,8 @@
 """One `nki-autotune run`-like tuner process for the multi-worker tests: the real storage and claiming, a fake
 compiler and clock (nothing is compiled), and the machine lock, whose holding times it logs.
 
-    python fake_worker.py STORAGE PROFILE OUT --step 0.02 --lease 600 --heartbeat 1 --lock-log LOG --lock PATH
+    python fake_worker.py STORAGE PROFILE OUT --step 0.02 --lease 600 --heartbeat 1 --lock-log LOG --lock PATH \
+        [--trials N]
 """
 
 import argparse
@@ -44,6 +45,7 @@ def main() -> None:
     p.add_argument("--heartbeat", type=int, default=1)
     p.add_argument("--lock", required=True)
     p.add_argument("--lock-log", required=True)
+    p.add_argument("--trials", type=int, default=20)
     a = p.parse_args()
 
     @contextlib.contextmanager
@@ -55,10 +57,11 @@ def main() -> None:
                 f.write(f"{t0} {time.time()}\n")
 
     be, clock = EagerCpu(), Slow(a.step)
-    options = Options(trials=20, search_rounds=3, final_rounds=4, sets=1, pause_s=0, poll_s=0.2)
+    options = Options(trials=a.trials, search_rounds=3, final_rounds=4, sets=1, pause_s=0, poll_s=0.2)
     bench = LocalBench(be, options.measure(), clock=clock, calibration=Calibration(be, clock, QuietMeter()),
                        lock=logged_lock)
-    search = Search(open_storage(a.storage, heartbeat_s=a.heartbeat), be.fingerprint(), trials=20, lease_s=a.lease)
+    search = Search(open_storage(a.storage, heartbeat_s=a.heartbeat), be.fingerprint(), trials=a.trials,
+                    lease_s=a.lease)
     Tuner(be, search, bench, options).tune(load_profile(a.profile, ops())).save(a.out)
 
 
