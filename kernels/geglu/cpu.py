@@ -34,7 +34,6 @@ def _halves(x, x2):
     h = e / (np.float32(1.0) + e)
     h = np.float32(0.0) if h < _ROUNDS else h
     s = np.float32(1.0) - h if z >= np.float32(0.0) else h
-    s = z if z != z else s
     return s, h * (np.float32(1.0) - h)
 
 
