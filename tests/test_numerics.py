@@ -51,6 +51,35 @@ def test_reference_passes_and_wrong_gradients_fail():
     assert compare(OP, key(mode="inference"), lambda x, w: (OP.reference(BadGrad.apply(x), w, 1e-6),), gen).ok
 
 
+def test_a_gradient_that_cancels_exactly_is_compared_absolutely():
+    """Over a single key the softmax is 1 and the gradients of q and k vanish: the float64 reference holds its
+    rounding (about 1e-16), the candidate its own (1e-8 in float32). Relative to the first, the second was an
+    error of 1e8; a gradient of the size of the inputs there still fails."""
+    att = get_op("attention")
+    k = key_of("attention", "training", [((1, 1, 1, 8), "float32")] * 3 + [None],
+               {"causal": False, "scale": None})
+
+    def in_float32(q, kk, v, mask):
+        return (att.reference(q, kk, v, mask, False, None),)
+
+    for seed in range(8):
+        res = compare(att, k, in_float32, torch.Generator().manual_seed(seed))
+        assert res.ok and res.rel_err < 1e-6, (seed, res)
+
+    class Leak(torch.autograd.Function):  # 1e-3 more in each element of q's gradient
+        @staticmethod
+        def forward(ctx, q):
+            return q.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g + 1e-3
+
+    bad = compare(att, k, lambda q, kk, v, m: (att.reference(Leak.apply(q), kk, v, m, False, None),),
+                  torch.Generator().manual_seed(0))
+    assert not bad.ok and bad.detail == "worst: grad q", bad
+
+
 def test_nan_and_inf_never_pass():
     assert not Numerics(float("nan"), 1e-5).ok
     gen = torch.Generator().manual_seed(2)
