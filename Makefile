@@ -30,7 +30,7 @@ test: $(STAMP)
 # them), show the table, then verify the full step: the table against every kernel off and every kernel
 # on, and each enabled entry switched off alone. The demo tunes for peak memory, "never more memory, then the
 # time rule": a kernel is enabled where it lowers its region's peak by 10% or more and is not slower (the fused
-# head and loss, about 2x the compiler's speed at under half its peak), or where its peak is the compiler's and
+# head and loss, at under half its peak), or where its peak is the compiler's and
 # it is faster; `nki-autotune run` alone tunes for time.
 # The Hugging Face tests against the oldest transformers the `hf` extra admits (kernels/hf/version.py: SUPPORTED),
 # in a venv of its own; `make test` tests the newest.
