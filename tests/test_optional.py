@@ -14,7 +14,7 @@ import torch
 import yaml
 from torch._dynamo.utils import counters
 
-from nki_autotune.kernels._cpu import require
+from nki_autotune.kernels.shared.cpu import require
 from nki_autotune.registry import (
     Impl,
     Op,

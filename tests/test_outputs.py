@@ -7,8 +7,8 @@ import random
 import torch
 
 import nki_autotune.kernels as nk
-from nki_autotune.kernels import _outputs
-from nki_autotune.kernels._cpu import empty, empty_like
+from nki_autotune.kernels.shared import outputs as _outputs
+from nki_autotune.kernels.shared.cpu import empty, empty_like
 from nki_autotune.registry import scope
 
 from .helpers import as64, rel_err

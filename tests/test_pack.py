@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import nki_autotune.kernels as nk
-from nki_autotune.kernels._indexed import BLOCKS, SERIAL, SORTED, scatter_add
+from nki_autotune.kernels.shared.indexed import BLOCKS, SERIAL, SORTED, scatter_add
 from nki_autotune.registry import explain, get_op
 
 from .helpers import as64, float32_floor, rel_err, run_with_grads

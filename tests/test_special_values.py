@@ -21,7 +21,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 import nki_autotune.kernels  # noqa: F401  (registers the ops)
-from nki_autotune.kernels._cpu import PART
+from nki_autotune.kernels.shared.cpu import PART
 from nki_autotune.registry import Key, TensorSpec, get_op
 
 SPECIALS = (0.0, -0.0, 1e-40, -1e-40, 1e-30, 1e20, -1e20, 1e30, -1e30, math.inf, -math.inf, math.nan)

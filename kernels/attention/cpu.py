@@ -30,7 +30,7 @@ from numba import types as nbtypes
 from numba.extending import overload
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import (
+from ..shared.cpu import (
     FASTMATH,
     FLOATS,
     array,

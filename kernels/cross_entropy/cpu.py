@@ -4,13 +4,13 @@ Forward keeps only each row's max and the reciprocal of its sum of exps past the
 log-sum-exp would round the log of the sum away where the max is large), never the softmax; backward
 recomputes exp(logit - max) / sum as it writes the gradient, so a large vocabulary's softmax is materialised
 once, as the gradient itself. ``online=1`` (the default) finds max and sum in one pass over memory, part by part
-(``_cpu.max_sumexp``), ``online=0`` in two passes over each row (the same where a row fits in L1).
+(``shared.cpu.max_sumexp``), ``online=0`` in two passes over each row (the same where a row fits in L1).
 The target's own exponential is kept out of the sum: the loss is then softplus(log(rest) - (x_t - max)) and
 the target's gradient -rest, both exact even when the target's probability rounds to 1.
 float32 or bfloat16 logits (computed in float32, the loss summed in float64). An ignored row adds nothing to
 the loss, and its gradient is 0, or nan where its log-softmax is nan (a nan, +inf or all -inf row), as
 PyTorch's log-softmax backward gives. With ``softcap`` each row is capped into a float32 row first
-(``_cpu.cap_into``: cap * tanh(x / cap)) and the backward recomputes the cap as it writes the gradient, times the
+(``shared.cpu.cap_into``: cap * tanh(x / cap)) and the backward recomputes the cap as it writes the gradient, times the
 cap's derivative 1 - tanh(x / cap)^2.
 """
 
@@ -21,7 +21,7 @@ import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import (
+from ..shared.cpu import (
     FASTMATH,
     FLOATS,
     array,
@@ -43,6 +43,7 @@ from .._cpu import (
     tanh32,
     thread_choices,
 )
+from ..shared.loss_weights import token_weight
 from .op import CROSS_ENTROPY, fake, shape_problem
 
 
@@ -140,7 +141,7 @@ def forward(tensors, attrs, config):
     losses = np.empty(x.shape[0], np.float64)
     rows = torch.empty((x.shape[0], 2), dtype=torch.float32)
     launch(_forward, config["threads"], array(x), t, ignore, config["online"], _cap(attrs), losses, rows.numpy())
-    return torch.tensor(losses.sum() * _weight(t, attrs), dtype=x.dtype), rows
+    return torch.tensor(losses.sum() * token_weight(t, attrs), dtype=x.dtype), rows
 
 
 def _cap(attrs: dict) -> np.float32:
@@ -154,20 +155,11 @@ def fake_rows(tensors: tuple, attrs: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return loss, tensors[0].new_empty((tensors[0].shape[0], 2), dtype=torch.float32)
 
 
-def _weight(t: np.ndarray, attrs: dict) -> float:
-    """Each counted row's weight in the loss: 1 for the sum, 1 / (rows not ignored) for the mean (nan for none,
-    as PyTorch's 0 / 0)."""
-    if attrs["reduction"] == "sum":
-        return 1.0
-    count = int((t != attrs["ignore_index"]).sum())
-    return 1.0 / count if count else float("nan")
-
-
 def backward(grads, tensors, results, attrs, config, needs):
     (g,), (x, target), (_, rows) = grads, tensors, results
     t = array(target)
     dx = empty(x.shape, x.dtype)
-    scale = float(g) * _weight(t, attrs)
+    scale = float(g) * token_weight(t, attrs)
     launch(_backward, config["threads"], array(x), t, attrs["ignore_index"], array(rows), np.float32(scale),
            _cap(attrs), array(dx))
     return (dx,)

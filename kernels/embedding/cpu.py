@@ -1,11 +1,11 @@
-"""Embedding on the CPU (numba): a parallel row gather; backward, a scatter-add (see _indexed) whose row
+"""Embedding on the CPU (numba): a parallel row gather; backward, a scatter-add (see shared.indexed) whose row
 ``padding_idx`` is zero."""
 
 from __future__ import annotations
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import FLOATS, array, empty, fit_threads, max_threads, out_of_range, require, rounded, thread_choices
-from .._indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
+from ..shared.cpu import FLOATS, array, empty, fit_threads, max_threads, out_of_range, require, rounded, thread_choices
+from ..shared.indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
 from .op import EMBEDDING, fake, padding_row
 
 

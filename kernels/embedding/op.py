@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ...registry import Key, Op, register_op
-from .._indices import make_index, sample_or
+from ..shared.indices import make_index, sample_or
 
 
 def reference(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 Per chunk of ``chunk`` tokens (as many chunks as that makes, of even sizes): the chunk's logits by a matrix product,
 then one numba kernel, parallel over the chunk's rows, caps them (``softcap``), finds each row's max and sum of
-exponentials in one pass (``_cpu.max_sumexp``, the target's own term left out of the sum as in
+exponentials in one pass (``shared.cpu.max_sumexp``, the target's own term left out of the sum as in
 ``cross_entropy.cpu_rows``), writes its loss and, in training, overwrites the row with the logits' gradient (softmax
 minus the target's one-hot, scaled by the reduction, times the cap's derivative ``1 - (y / cap)^2``); then the hidden
 gradient of the chunk is ``dlogits @ W`` and the weight gradient accumulates ``dlogits^T @ h`` into one float32
@@ -31,7 +31,7 @@ import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import (
+from ..shared.cpu import (
     FASTMATH,
     FLOATS,
     array,
@@ -49,7 +49,7 @@ from .._cpu import (
     softplus64,
     thread_choices,
 )
-from ..cross_entropy.cpu import _weight  # each counted token's weight in the loss
+from ..shared.loss_weights import token_weight
 from .op import LINEAR_CROSS_ENTROPY, fake, shape_problem
 
 CHUNKS = (64, 128, 256, 512, 1024)
@@ -166,7 +166,7 @@ def forward(tensors, attrs, config, needs):
     bad = out_of_range(t[t != ignore], v)
     if bad is not None:
         raise IndexError(f"Target {bad} is out of bounds.")
-    weight = _weight(t, attrs)
+    weight = token_weight(t, attrs)
     h32, w32 = h.detach().float(), w.detach().float()
     b32 = None if bias is None else bias.detach().float()
     grad = any(needs)

@@ -22,10 +22,11 @@ from __future__ import annotations
 import torch
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ..cross_entropy.nki import _columns, _targets, finish, online_step, softcap, times_cap_slope, weights
 from ..nki import nisa, nki, nl
 from ..nki.launch import int32_column, run
 from ..nki.tiles import P_MAX, ROWS, fits_sbuf, indirect_problem, mine, tiles
+from ..shared.loss_weights import weights
+from ..shared.nki_loss_rows import columns, finish, online_step, softcap, targets, times_cap_slope
 from .op import LINEAR_CROSS_ENTROPY, shape_problem
 
 CHUNK = (128, 512)
@@ -74,9 +75,9 @@ def linear_ce_fwd(xT, wT, target, ignore_index, cap, rows_per_tile, chunk):
     lse_out = nl.ndarray((n_rows, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     rest_out = nl.ndarray((n_rows, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     classes = nl.ndarray((v, 1), dtype=nl.float32, buffer=nl.hbm)  # bounds of the targets' check
-    cols = _columns(p, chunk)
+    cols = columns(p, chunk)
     for _, r0, n in mine(tiles(n_rows, p)):
-        tf, valid = _targets(target, r0, n, p, ignore_index, classes)
+        tf, valid = targets(target, r0, n, p, ignore_index, classes)
         xts = _load_xt(xT, r0, n, p)
         ts = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)  # the target's column within the chunk
         nisa.tensor_copy(dst=ts[0:n, :], src=tf[0:n, :])
@@ -146,7 +147,7 @@ def linear_ce_bwd(xT, x, wT, w, target, lse, rest, weight, cap, rows_per_tile, n
     p = rows_per_tile
     dx = nl.ndarray((n_rows, kdim), dtype=nl.float32, buffer=nl.shared_hbm)
     dw = nl.ndarray((v, kdim), dtype=nl.float32, buffer=nl.shared_hbm)
-    cols = _columns(p, VB)
+    cols = columns(p, VB)
     if need_x:  # token tiles outer: each tile's hidden gradient summed over the vocabulary in SBUF
         for _, r0, n in mine(tiles(n_rows, p)):
             stats = _stats(target, lse, rest, weight, r0, n, p)

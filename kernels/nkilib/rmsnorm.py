@@ -18,11 +18,11 @@ from nkilib.core.subkernels.rmsnorm_tkg import BxS_FULL_TILE_SIZE, rmsnorm_tkg
 
 from ...registry import Impl, Key, TensorSpec
 from ...registry.neuron import logical_cores
-from .._cpu import require
 from ..nki import nki
 from ..nki.launch import run
 from ..nki.tiles import P_MAX, fits_sbuf
 from ..rmsnorm.op import RMSNORM, shape_problem
+from ..shared.cpu import require
 
 SOURCE_FAMILIES = ("nkilib",)
 """The library's kernel and its helpers count as this impl's source (``registry.sources``): a new release retunes."""

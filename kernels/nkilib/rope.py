@@ -16,10 +16,10 @@ from nkilib.core.embeddings.rope_hf import rope_hf
 
 from ...registry import Impl, TensorSpec
 from ...registry.neuron import logical_cores
-from .._cpu import require
 from ..nki.launch import run
 from ..nki.tiles import P_MAX, fits_sbuf
 from ..rope.op import ROPE, fake, rotate_half, shape_problem
+from ..shared.cpu import require
 
 SOURCE_FAMILIES = ("nkilib",)
 """The library's kernel and its helpers count as this impl's source (``registry.sources``): a new release retunes."""

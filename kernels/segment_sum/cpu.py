@@ -1,12 +1,12 @@
-"""Segment sum on the CPU (numba): a scatter-add (see _indexed); backward, a parallel row gather."""
+"""Segment sum on the CPU (numba): a scatter-add (see shared.indexed); backward, a parallel row gather."""
 
 from __future__ import annotations
 
 import math
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import FLOATS, array, empty, fit_threads, max_threads, out_of_range, require, rounded, thread_choices
-from .._indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
+from ..shared.cpu import FLOATS, array, empty, fit_threads, max_threads, out_of_range, require, rounded, thread_choices
+from ..shared.indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
 from .op import SEGMENT_SUM, fake, shape_problem
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...registry import Key, Op, register_op
-from .._indices import make_index, sample_or
+from ..shared.indices import make_index, sample_or
 
 
 def reference(src: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:

@@ -17,7 +17,7 @@ import numpy as np
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import (
+from ..shared.cpu import (
     FLOATS,
     as_rows,
     cast_to,

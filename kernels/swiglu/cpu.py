@@ -18,7 +18,7 @@ import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .._cpu import (
+from ..shared.cpu import (
     ELEMENTWISE,
     FLOATS,
     array,

@@ -28,7 +28,7 @@ from llvmlite import ir
 from numba import types as nbtypes
 from numba.extending import intrinsic, overload
 
-from . import _outputs
+from . import outputs as _outputs
 
 FASTMATH = {"nsz", "reassoc"}
 ELEMENTWISE = {"nsz"}
