@@ -1,0 +1,7 @@
+"""``python -m nki_autotune.autotune.cli``."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
