@@ -23,7 +23,7 @@ _REDUCE = {"add": np.add, "maximum": np.maximum, "minimum": np.minimum}
 
 
 def _pair_checks(call: str, src, dst, send_to_rank, recv_from_rank, priority, buffers) -> None:
-    from .isa import _tensor  # the engine-operand check (and live-range touch) of nki.isa
+    from .isa.checks import tensor_of as _tensor  # the engine-operand check (and live-range touch) of nki.isa
 
     run = current()
     t = run.target
@@ -66,7 +66,7 @@ def _swap(call: str, src: NkiTensor, send_to_rank: int, recv_from_rank: int) -> 
 def sendrecv(src, dst, send_to_rank, recv_from_rank, dma_engine=dma_engine.dma, name=None, priority=None):
     """Send ``src`` to the peer's ``dst`` while receiving the peer's ``src`` into this program's ``dst`` (SR: both
     tiles in SBUF; NeuronCore-v3+, LNC 2; ``priority=None`` with ``dma_engine.gpsimd_dma``)."""
-    from .isa import _put
+    from .isa.checks import put as _put
 
     current().memory.tick()
     _pair_checks("sendrecv", src, dst, send_to_rank, recv_from_rank, priority, ("sbuf",))
@@ -78,7 +78,7 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, dma_engine=dma_engine.dma, 
 def sendrecv_compute(src, dst, send_to_rank, recv_from_rank, reduce_op, name=None, priority=None):
     """dst = reduce_op(src, the peer's src), the exchange and the reduction in one DMA (SRC: nl.add, nl.maximum or
     nl.minimum; both tiles in SBUF or both in private HBM)."""
-    from .isa import _put
+    from .isa.checks import put as _put
 
     current().memory.tick()
     _pair_checks("sendrecv_compute", src, dst, send_to_rank, recv_from_rank, priority, ("sbuf", "private_hbm"))
@@ -94,7 +94,7 @@ def core_barrier(data, cores, engine=engine.gpsimd, name=None):
     """Every program waits until all have reached the barrier (CB: NeuronCore-v3+, ``cores=(0, 1)``, ``data`` in
     shared HBM). At LNC=1 the other physical core runs its own launch, which the interpreter does not run: there the
     barrier only checks its arguments."""
-    from .isa import _tensor
+    from .isa.checks import tensor_of as _tensor
 
     run = current()
     run.memory.tick()
