@@ -12,70 +12,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from .dtypes import PACKED, cast, is_float, nki_dtype, np_dtype  # noqa: F401  (the tensors' own dtypes)
 from .errors import NkiError
 from .scalar import NkiScalar, VirtualRegister
 from .state import current
 
 HBM_BUFFERS = ("hbm", "private_hbm", "shared_hbm")
 ON_CHIP = ("sbuf", "psum")
-
-_NP = {
-    "float32": np.float32, "tfloat32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
-    "float8_e4m3": ml_dtypes.float8_e4m3, "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
-    "float8_e5m2": ml_dtypes.float8_e5m2, "float64": np.float64,
-    "int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64,
-    "uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32, "bool_": np.uint8,
-    # packed MX types (nki.language dtypes; four values per element): stored as their raw bits
-    "float8_e5m2_x4": np.uint32, "float8_e4m3fn_x4": np.uint32, "float4_e2m1fn_x4": np.uint16,
-}
-PACKED = ("float8_e5m2_x4", "float8_e4m3fn_x4", "float4_e2m1fn_x4")
-
-
-def np_dtype(dtype: str) -> np.dtype:
-    try:
-        return np.dtype(_NP[str(dtype)])
-    except KeyError:
-        raise NkiError(f"unsupported dtype {dtype!r}; supported: {', '.join(_NP)}") from None
-
-
-def nki_dtype(arr_dtype: Any) -> str:
-    d = np.dtype(arr_dtype)
-    for name, t in _NP.items():
-        if np.dtype(t) == d and name not in ("tfloat32", "bool_") + PACKED:
-            return name
-    if d == np.bool_:
-        return "bool_"
-    raise NkiError(f"arrays of dtype {d} cannot be passed to a kernel")
-
-
-def is_float(dtype: str) -> bool:
-    if dtype in PACKED:
-        return False
-    return np.issubdtype(np_dtype(dtype), np.floating) or dtype == "bfloat16" or dtype.startswith("float8")
-
-
-def cast(values: np.ndarray, dtype: str) -> np.ndarray:
-    """Engine results (float32/float64) to a destination dtype: floats round, ints round half-even and saturate."""
-    target = np_dtype(dtype)
-    values = np.asarray(values)
-    if values.dtype == target:
-        return values
-    if np.issubdtype(target, np.integer):
-        if np.issubdtype(values.dtype, np.integer):
-            info = np.iinfo(target)
-            return np.clip(values, info.min, info.max).astype(target)
-        info = np.iinfo(target)
-        with np.errstate(invalid="ignore"):
-            v = np.rint(np.asarray(values, dtype=np.float64))
-        v = np.nan_to_num(v, nan=0.0, posinf=info.max, neginf=info.min)
-        return np.clip(v, info.min, info.max).astype(target)
-    with np.errstate(over="ignore", invalid="ignore"):
-        return values.astype(target)
-
 
 class Storage:
     """One allocation: a flat array, the shape it was made with, its buffer."""
@@ -121,7 +67,7 @@ def _normalize_key(key: Any, ndim: int) -> list:
     return key + [slice(None)] * (ndim - len(key))
 
 
-def _view(flat: np.ndarray, start: int, shape, strides) -> np.ndarray:
+def strided_view(flat: np.ndarray, start: int, shape, strides) -> np.ndarray:
     """A writeable strided view of ``flat`` from element ``start`` (strides in elements; callers check bounds)."""
     item = flat.itemsize
     return as_strided(flat[start:] if start < flat.size else flat[:0], shape=tuple(shape),
@@ -213,7 +159,7 @@ class NkiTensor:
 
     def mirror(self, flat: np.ndarray) -> np.ndarray:
         """The same view over another flat array of the storage's length (e.g. PSUM's written flags)."""
-        return _view(flat, self.offset, self.shape, self.strides)
+        return strided_view(flat, self.offset, self.shape, self.strides)
 
     def partitions(self) -> int:
         return self.shape[0] if self.ndim else 1
@@ -377,12 +323,14 @@ class NkiTensor:
                 if lo < 0 or hi >= free:
                     raise NkiError(f"{where}: pattern {pattern} from offset {base} runs past the end of a partition "
                                    f"({free} elements each); an on-chip access stays within its partitions")
-            return NkiTensor(self.storage, _view(flat, base, counts, steps), dtype)
+            return NkiTensor(self.storage, strided_view(flat, base, counts, steps), dtype)
         indices: list = []
         if scalar_offset is not None:
             starts = np.array([base + self._scalar_index(scalar_offset, where) * row], np.int64)
             if isinstance(scalar_offset, NkiTensor):
                 indices.append(scalar_offset.storage)
+            from .dynamic import Dynamic  # a view of this class
+
             return Dynamic(self.storage, dtype, starts, counts, steps, per_row=False, indices=indices)
         if self.on_chip:
             raise NkiError(f"{where}: vector_offset indexes an HBM tensor (nki.isa.dma_copy: 'the tensor being "
@@ -396,6 +344,8 @@ class NkiTensor:
             raise NkiError(f"{where}: vector_offset has {idx.size} indices for {counts[0]} partitions")
         indices.append(vector_offset.storage)
         # each partition's row comes from its index, at the base tensor's row stride
+        from .dynamic import Dynamic
+
         return Dynamic(self.storage, dtype, base + idx * row, counts, steps, per_row=True, indices=indices)
 
     def _scalar_index(self, x, where: str) -> int:
@@ -425,106 +375,6 @@ class NkiTensor:
 
     def is_indirect(self) -> bool:
         return False
-
-
-class Dynamic(NkiTensor):
-    """An access pattern with run-time starts: ``starts`` (one per partition row for ``vector_offset``, one for
-    ``scalar_offset``) plus a static strided pattern. Offsets outside the storage are checked when used, per
-    ``oob_mode``, before any memory is touched."""
-
-    def __init__(self, storage: Storage, dtype: str, starts: np.ndarray, counts, steps, per_row: bool, indices=()):
-        self.storage, self.dtype = storage, dtype
-        self.starts, self.per_row, self.indices = starts, per_row, tuple(indices)
-        self.counts, self.steps = list(counts), list(steps)
-        self.inner = (self.counts[1:], self.steps[1:]) if per_row else (self.counts, self.steps)
-        self.vector = per_row
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.counts)
-
-    @property
-    def offset(self) -> int:
-        return int(self.starts[0]) if self.starts.size else 0
-
-    @property
-    def strides(self) -> tuple[int, ...]:
-        return tuple(self.steps)
-
-    def is_indirect(self) -> bool:
-        return True
-
-    def _flat(self) -> np.ndarray:
-        return self.storage.flat(self.dtype)
-
-    def read_dtype(self) -> np.dtype:
-        return np_dtype(self.dtype)
-
-    def bad_rows(self) -> np.ndarray:
-        """Which rows (of ``starts``) reach outside the storage."""
-        size = self._flat().size
-        lo, hi = extent(0, *self.inner)
-        return (self.starts + lo < 0) | (self.starts + hi >= size)
-
-    def first_bad(self) -> int:
-        bad = self.bad_rows()
-        s = int(self.starts[bad][0])
-        lo, hi = extent(s, *self.inner)
-        return lo if lo < 0 else hi
-
-    def rows(self, keep: np.ndarray | None = None) -> list[np.ndarray | None]:
-        """A strided view per row (None for a row not kept)."""
-        flat = self._flat()
-        return [_view(flat, int(s), *self.inner) if keep is None or keep[i] else None
-                for i, s in enumerate(self.starts)]
-
-    def _check(self, use: str) -> None:
-        if self.bad_rows().any():
-            raise NkiError(f"{use}: the dynamic access pattern reaches element {self.first_bad()} outside "
-                           f"{self.name or 'the tensor'} of {self._flat().size} elements")
-
-    def read(self) -> np.ndarray:
-        self._check("read")
-        self.use()
-        rows = self.rows()
-        return np.stack(rows) if self.per_row else rows[0]
-
-    def write(self, values: np.ndarray) -> None:
-        self._check("write")
-        self.use()
-        values = np.broadcast_to(values, self.shape)
-        for i, r in enumerate(self.rows()):
-            r[...] = cast(values[i] if self.per_row else values, self.dtype)
-        self.storage.dirty = True
-        if self.storage.written is not None:
-            for s in self.starts:
-                _view(self.storage.written, int(s), *self.inner)[...] = True
-
-    def mirror(self, flat: np.ndarray) -> np.ndarray:
-        self._check("read")
-        rows = [_view(flat, int(s), *self.inner) for s in self.starts]
-        return np.stack(rows) if self.per_row else rows[0]
-
-    def partition_rows(self) -> np.ndarray:
-        free = max(1, self.storage.free_size)
-        if self.per_row:
-            return self.starts // free + self.storage.partition0
-        rows = (self.starts[0] + self.steps[0] * np.arange(self.counts[0], dtype=np.int64)) // free
-        return rows + self.storage.partition0
-
-    def free_extent(self) -> tuple[int, int]:
-        free = max(1, self.storage.free_size)
-        return extent(int(self.starts[0]) % free, self.counts[1:], self.steps[1:])
-
-    def overlaps(self, other: NkiTensor) -> bool:
-        return other.storage is self.storage
-
-    def __getitem__(self, key):
-        raise NkiError("a dynamic access pattern (scalar_offset/vector_offset) cannot be indexed further; build the "
-                       "pattern you need with .ap()")
-
-    def reshape(self, shape):
-        raise NkiError("a dynamic access pattern cannot be reshaped; build the pattern you need with .ap()")
 
 
 def new_tensor(shape, dtype: str, buffer: str, name: str = "", address=None) -> NkiTensor:

@@ -8,9 +8,10 @@ import warnings
 import numpy as np
 
 from ..constants import engine, reduce_cmd
+from ..dtypes import is_float
 from ..errors import NkiError, NkiRangeWarning
 from ..state import current
-from ..tensor import NkiTensor, is_float
+from ..tensor import NkiTensor
 from .checks import (
     Cmd,
     Engine,

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..constants import dge_mode, engine, oob_mode
+from ..dtypes import cast
+from ..dynamic import Dynamic
 from ..errors import NkiError
 from ..state import current
-from ..tensor import Dynamic, NkiTensor, cast
+from ..tensor import NkiTensor
 from .checks import (
     Dge,
     Engine,
