@@ -2,7 +2,7 @@
 
 A site is labelled by the innermost ``nn.Module`` running (its qualified name in the
 outermost one), else by the file:line that called the op's function (the first frame outside
-nki_autotune and outside the module defining the op's reference, where a wrapper like the README's
+nki_autotune and outside the module defining the op's reference, where a wrapper like docs/adding-an-op.md's
 ``axpy`` lives). A step is one call of the outermost module, or one ``Recorder.step()`` where the
 program marks them; a program that runs no module and marks no steps takes the fewest calls of any
 site (all its shapes together) as its number of steps. While recording, ``torch.compile``
