@@ -4,4 +4,5 @@ import sys
 
 from . import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing the module (as a wheel's check of every module does) runs nothing
+    sys.exit(main())

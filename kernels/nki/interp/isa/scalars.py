@@ -96,7 +96,7 @@ def register_store(dst, src) -> None:
 def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id=None, name=None):
     """Deprecated: nki.lnc.sendrecv (``pipe_id`` is ignored)."""
     _deprecated("sendrecv", "nki.lnc.sendrecv without pipe_id")
-    from . import lnc
+    from .. import lnc
 
     return lnc.sendrecv(src=src, dst=dst, send_to_rank=send_to_rank, recv_from_rank=recv_from_rank, name=name)
 
@@ -104,7 +104,7 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id=None, name=None):
 def sendrecv_compute(src, dst, send_to_rank, recv_from_rank, reduce_op, name=None):
     """Deprecated: nki.lnc.sendrecv_compute."""
     _deprecated("sendrecv_compute", "nki.lnc.sendrecv_compute")
-    from . import lnc
+    from .. import lnc
 
     return lnc.sendrecv_compute(src=src, dst=dst, send_to_rank=send_to_rank, recv_from_rank=recv_from_rank,
                                 reduce_op=reduce_op, name=name)
@@ -113,6 +113,6 @@ def sendrecv_compute(src, dst, send_to_rank, recv_from_rank, reduce_op, name=Non
 def core_barrier(data, cores, engine=engine.gpsimd, name=None):
     """Deprecated: nki.lnc.core_barrier."""
     _deprecated("core_barrier", "nki.lnc.core_barrier")
-    from . import lnc
+    from .. import lnc
 
     return lnc.core_barrier(data=data, cores=cores, engine=engine, name=name)
