@@ -26,18 +26,21 @@ if __name__ == "kernels":
     if _spec.loader is not None:
         _spec.loader.exec_module(_module)
 else:
+    import importlib as _importlib
+    import os as _os
+
     from ..registry.switches import check_switches, current
-    from .attention import attention
-    from .cross_entropy import cross_entropy
-    from .embedding import embedding
-    from .geglu import geglu
-    from .linear_cross_entropy import linear_cross_entropy
+    def _op_folders() -> list[str]:
+        """The op folders (docs/adding-an-op.md): each package here with an ``op.py``, in name order."""
+        here = _os.path.dirname(__file__)
+        return sorted(n for n in _os.listdir(here)
+                      if not n.startswith(("_", ".")) and _os.path.isfile(_os.path.join(here, n, "op.py")))
+
+    OPS = tuple(_op_folders())
+    """The pack's ops, found by walking this folder: each folder's public function is the op's, of its name."""
+    for _name in OPS:
+        globals()[_name] = getattr(_importlib.import_module(f"{__name__}.{_name}"), _name)
     from .modules import module_sites, patch_modules, unpatch_modules
-    from .rmsnorm import rmsnorm
-    from .rope import rope
-    from .segment_sum import segment_sum
-    from .softmax import softmax
-    from .swiglu import swiglu
 
     # AWS's NKI Library as impls where nkilib imports, after the pack's own (an op's first impl is its default)
     __import__(f"{__name__}.nkilib")
@@ -46,5 +49,4 @@ else:
     check_switches(registered_only=True)  # a user's module may register more ops after the pack
     current()
 
-__all__ = ["attention", "cross_entropy", "embedding", "geglu", "linear_cross_entropy", "module_sites", "patch_modules",
-           "rmsnorm", "rope", "segment_sum", "softmax", "swiglu", "unpatch_modules"]
+    __all__ = ["OPS", *OPS, "module_sites", "patch_modules", "unpatch_modules"]

@@ -43,6 +43,15 @@ class Op:
     examples: tuple[tuple[tuple[tuple[tuple[int, ...], str] | None, ...], dict[str, Any]], ...] = ()
     """(inputs as (shape, dtype) pairs, None for an absent optional one, attrs beyond the defaults) that
     ``nki-autotune check`` runs every impl on."""
+    draw: Callable[[Any, str], tuple] | None = None
+    """``draw(rng, dtype)`` -> one call of the same form as an example, its sizes (up to a few hundred) and attrs
+    drawn from ``rng`` (a ``random.Random``), its floating inputs of ``dtype``: the pack's generic tests run every
+    op on fresh draws besides its examples (docs/adding-an-op.md)."""
+    benchmarks: tuple[tuple[tuple, dict[str, Any], dict[str, Any]], ...] = ()
+    """(inputs, attrs beyond the defaults, ``make_inputs`` options) at real models' call-site sizes, for
+    ``benchmarks/test_pack.py``; an input is (shape, dtype) or (shape, dtype, strides)."""
+    waives: Mapping[str, str] = field(default_factory=dict)
+    """The generic tests' checks this op is held to otherwise, each with why (docs/adding-an-op.md)."""
     impls: dict[str, Impl] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -1,5 +1,6 @@
-"""The pack's ops (besides RMSNorm): each function against its PyTorch expression in float64, forward and
-backward, kernels on and off, on shapes drawn fresh each run; opcheck; declines; graphs; edge cases."""
+"""The pack's ops, every one ``nki_autotune.kernels`` finds: each against its PyTorch expression in float64,
+forward and backward, kernels on and off, on calls each op draws fresh each run (``tests/calls.py``); opcheck;
+graphs; then declines and edge cases of particular ops."""
 
 from __future__ import annotations
 
@@ -16,126 +17,55 @@ import nki_autotune.kernels as nk
 from nki_autotune.kernels.shared.indexed import BLOCKS, SERIAL, SORTED, scatter_add
 from nki_autotune.registry import explain, get_op
 
+from .calls import PACK, fresh, grads_of, ids
 from .helpers import as64, float32_floor, rel_err, run_with_grads
 from .parallel import SEED
 
 RNG = random.Random(SEED)
 
 
-def _shapes(n=3):
-    """Fresh (rows, width) pairs each run, small and odd included; the seed is in the test ids."""
-    return [(1, RNG.randint(1, 9))] + [(RNG.randint(2, 300), RNG.randint(2, 700)) for _ in range(n - 1)]
-
-
-def _idx(n, size, gen, repeat=False):
-    if repeat:  # a few hot indices, repeated
-        return torch.randint(0, max(1, min(size, 3)), (n,), generator=gen)
-    return torch.randint(0, size, (n,), generator=gen)
-
-
-def softmax_case(shape, gen):
-    x = torch.randn(shape, generator=gen) * 4
-    return "softmax", (x,), (-1,), lambda x: torch.softmax(x, -1), lambda x: nk.softmax(x, -1)
-
-
-def swiglu_case(shape, gen):
-    g, u = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
-    return "swiglu", (g, u), (), lambda g, u: F.silu(g) * u, nk.swiglu
-
-
-def geglu_case(shape, gen):
-    g, u = 3 * torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
-    return "geglu", (g, u), (), lambda g, u: F.gelu(g, approximate="tanh") * u, nk.geglu
-
-
-def rope_case(shape, gen):
-    rows, width = shape
-    b, s, d = max(1, rows % 3), max(1, rows // 10 + 1), 2 * max(1, width // 40)
-    hq, hk = RNG.choice([(4, 4), (4, 2), (1, 1)])
-    q, k = torch.randn(b, hq, s, d, generator=gen), torch.randn(b, hk, s, d, generator=gen)
-    ang = torch.rand(b, s, d // 2, generator=gen) * 6
-    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
-    ref = get_op("rope").reference
-    return "rope", (q, k, cos, sin), (), ref, nk.rope
-
-
-def cross_entropy_case(shape, gen):
-    n, v = shape
-    logits = torch.randn(n, v + 1, generator=gen) * 2
-    ignore, reduction = RNG.choice([-100, 0, 3]), RNG.choice(["mean", "sum"])
-    target = torch.randint(0, v + 1, (n,), generator=gen)
-    target[torch.rand(n, generator=gen) < 0.2] = ignore
-    target[0] = 1 if ignore == 0 else 0
-    return ("cross_entropy", (logits, target), (ignore, reduction, None),
-            lambda x, t: F.cross_entropy(x, t, ignore_index=ignore, reduction=reduction),
-            lambda x, t: nk.cross_entropy(x, t, ignore, reduction=reduction))
-
-
-def embedding_case(shape, gen):
-    n, d = shape
-    v = RNG.randint(1, 500)
-    ids = _idx(n * 2, v, gen, repeat=RNG.random() < 0.5).reshape(2, n)
-    w = torch.randn(v, d, generator=gen)
-    pad = RNG.choice([None, 0, v - 1, -1, -v])  # a padding row, negative counting from the end
-    if pad is not None:
-        ids[0, ::3] = pad % v
-    return ("embedding", (ids, w), (pad,), lambda i, w: F.embedding(i, w, pad),
-            lambda i, w: nk.embedding(i, w, padding_idx=pad))
-
-
-def segment_sum_case(shape, gen):
-    n, d = shape
-    segs = RNG.randint(1, 2 * n)  # more segments than rows: some stay empty
-    index = _idx(n, segs, gen, repeat=RNG.random() < 0.5)
-    src = torch.randn(n, 2, d, generator=gen)
-    ref = get_op("segment_sum").reference
-    return ("segment_sum", (src, index), (segs,), lambda s, i: ref(s, i, segs),
-            lambda s, i: nk.segment_sum(s, i, segs))
-
-
-SATURATES_AS_PYTORCH = {"geglu"}  # see test_geglu_saturates_where_pytorch_does
-
-CASES = [softmax_case, swiglu_case, geglu_case, rope_case, cross_entropy_case, embedding_case, segment_sum_case]
+FRESH = 3
+"""Fresh draws per op and test: the first takes the examples' place where an op draws none."""
 
 
 @pytest.mark.parametrize("switch", ["on", "off"])
-@pytest.mark.parametrize("shape", _shapes(), ids=lambda s: f"{s[0]}x{s[1]}-seed{SEED}")
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__.removesuffix("_case"))
-def test_matches_float64_reference_forward_and_backward(switches, case, shape, switch):
-    gen = torch.Generator().manual_seed(RNG.randrange(2**31))
-    name, inputs, attrs, ref, fn = case(shape, gen)
+@pytest.mark.parametrize("draw", range(FRESH), ids=lambda i: f"draw{i}")
+@pytest.mark.parametrize("op", PACK, ids=ids())
+def test_matches_float64_reference_forward_and_backward(switches, op, draw, switch):
+    c = fresh(op, "float64", FRESH)[draw]
     switches(NKI_AUTOTUNE_KERNELS=switch)
-    leaves = tuple(t.requires_grad_() if t.is_floating_point() else t for t in inputs)
-    exp = explain(name, *leaves, *attrs)
-    assert exp.path == ("kernel" if switch == "on" else "compiler"), exp
-    outs, grads = run_with_grads(fn, inputs)
-    ref_outs, ref_grads = run_with_grads(ref, as64(inputs))
-    # the kernels hold 1e-5 on every input; PyTorch's float32 (the compiler path) only where the input lets it, and
-    # so GeGLU's kernel, which is -0 where PyTorch's is (a gate below about -5.3) and float64 is not
-    floor = switch == "off" or name in SATURATES_AS_PYTORCH
-    tol = max(1e-5, 4 * float32_floor(ref, inputs)) if floor else 1e-5
+    exp = explain(op.name, *grads_of(c), *c.attrs)
+    assert exp.path == ("kernel" if switch == "on" else "compiler"), (c.label, exp)
+    outs, grads = run_with_grads(c.kernel_or_compiler, c.tensors, wants=c.op.differentiable, names=op.tensors)
+    ref_outs, ref_grads = run_with_grads(c.reference, as64(c.tensors), wants=c.op.differentiable, names=op.tensors)
+    # the kernels hold 1e-5 on every input; PyTorch's float32 (the compiler path) only where the input lets it,
+    # and so an op that waives it (docs/adding-an-op.md), held to the same floor
+    floor = switch == "off" or "float64 within 1e-5" in op.waives
+    tol = max(1e-5, 4 * float32_floor(c.reference, c.tensors, wants=op.differentiable, names=op.tensors)) \
+        if floor else 1e-5
     for o, r in zip(outs, ref_outs):
-        assert o.shape == r.shape and o.dtype == torch.float32
-        assert rel_err(o, r) < tol
+        assert o.shape == r.shape and o.dtype == torch.float32, c.label
+        assert rel_err(o, r) < tol, c.label
     for g, r in zip(grads, ref_grads):
-        assert g.shape == r.shape
-        assert rel_err(g, r) < tol
+        assert g.shape == r.shape, c.label
+        assert rel_err(g, r) < tol, c.label
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__.removesuffix("_case"))
-def test_bfloat16_in_and_out_within_1e_2_of_float64(switches, case):
+@pytest.mark.parametrize("op", PACK, ids=ids())
+def test_bfloat16_in_and_out_within_1e_2_of_float64(switches, op):
     """bfloat16 inputs, outputs and gradients, computed in float32 by the kernel."""
-    gen = torch.Generator().manual_seed(RNG.randrange(2**31))
-    name, inputs, attrs, ref, fn = case((RNG.randint(2, 40), RNG.randint(2, 90)), gen)
-    inputs = tuple(t.bfloat16() if t.is_floating_point() else t for t in inputs)
+    c = fresh(op, "bfloat16", 1, dtype="bfloat16")[0]
     switches(NKI_AUTOTUNE_KERNELS="on")
-    assert explain(name, *(t.requires_grad_() if t.is_floating_point() else t for t in inputs), *attrs).path == "kernel"
-    outs, grads = run_with_grads(fn, inputs)
-    ref_outs, ref_grads = run_with_grads(ref, as64(inputs), grad_dtype=torch.bfloat16)
+    assert explain(op.name, *grads_of(c), *c.attrs).path == "kernel", c.label
+    kw = {"wants": op.differentiable, "names": op.tensors}
+    outs, grads = run_with_grads(c.kernel_or_compiler, c.tensors, **kw)
+    ref_outs, ref_grads = run_with_grads(c.reference, as64(c.tensors), grad_dtype=torch.bfloat16, **kw)
     for o, r in zip(outs, ref_outs):
-        assert o.dtype == torch.bfloat16 and rel_err(o, r) < 1e-2
-    for g, r, t in zip(grads, ref_grads, (t for t in inputs if t.is_floating_point())):
-        assert g.dtype == torch.bfloat16 and g.shape == t.shape and rel_err(g, r) < 1e-2
+        assert o.dtype == torch.bfloat16 and rel_err(o, r) < 1e-2, c.label
+    floats = [t for t, n in zip(c.tensors, op.tensors) if t is not None and t.is_floating_point()
+              and n in op.differentiable]
+    for g, r, t in zip(grads, ref_grads, floats):
+        assert g.dtype == torch.bfloat16 and g.shape == t.shape and rel_err(g, r) < 1e-2, c.label
 
 
 def test_bfloat16_rope_cos_gradient_summed_over_heads_is_within_1e_2(switches):
@@ -194,16 +124,13 @@ def test_rmsnorm_with_eps_0_gives_nan_on_a_zero_row_like_pytorch(switches):
         torch.testing.assert_close(got.nan_to_num(), ref.nan_to_num(), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__.removesuffix("_case"))
-def test_opcheck(case):
-    gen = torch.Generator().manual_seed(3)
-    name, inputs, attrs, _, _ = case((5, 12), gen)
-    for impl in get_op(name).impls.values():
+@pytest.mark.parametrize("op", PACK, ids=ids())
+def test_opcheck(op):
+    c = fresh(op, "opcheck", 1)[0]
+    for impl in op.impls.values():
         if impl.backend != "cpu":
             continue
-        cfg = impl.config_values(impl.configs()[-1])
-        args = tuple(t.requires_grad_() if t.is_floating_point() else t for t in inputs)
-        torch.library.opcheck(impl.fwd_op, (*args, *attrs, *cfg))
+        torch.library.opcheck(impl.fwd_op, (*grads_of(c), *c.attrs, *impl.call_args(impl.configs()[-1], c.key)))
 
 
 @pytest.mark.parametrize("name, args, why", [
@@ -397,13 +324,12 @@ def test_a_segment_sum_into_nothing_checks_its_indices_in_the_backward(switches,
         out.sum().backward()
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__.removesuffix("_case"))
-def test_under_torch_compile_the_kernel_is_in_the_graph_without_breaks(switches, case):
+@pytest.mark.parametrize("op", PACK, ids=ids())
+def test_under_torch_compile_the_kernel_is_in_the_graph_without_breaks(switches, op):
     from torch._dynamo.utils import counters
 
-    gen = torch.Generator().manual_seed(5)
-    name, inputs, attrs, ref, fn = case((6, 16), gen)
-    impl = next(i for i in get_op(name).impls.values() if i.backend == "cpu")
+    c = fresh(op, "compile", 1)[0]
+    impl = next(i for i in op.impls.values() if i.backend == "cpu")
     for switch, present in (("on", True), ("off", False)):
         torch._dynamo.reset()
         counters.clear()
@@ -414,13 +340,13 @@ def test_under_torch_compile_the_kernel_is_in_the_graph_without_breaks(switches,
             graphs.append(gm)
             return gm.forward
 
-        compiled = torch.compile(lambda *a: fn(*a), backend=backend, fullgraph=True, dynamic=False)
+        compiled = torch.compile(c.kernel_or_compiler, backend=backend, fullgraph=True, dynamic=False)
         for _ in range(3):
-            out = compiled(*inputs)
-        assert len(graphs) == 1 and counters["graph_break"] == {}
+            out = compiled(*c.tensors)
+        assert len(graphs) == 1 and counters["graph_break"] == {}, c.label
         targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"}
-        assert (str(impl.fwd_op) in targets) == present
-        torch.testing.assert_close(_first(out), _first(ref(*inputs)), rtol=1e-4, atol=1e-5)
+        assert (str(impl.fwd_op) in targets) == present, c.label
+        torch.testing.assert_close(_first(out), _first(c.reference(*c.tensors)), rtol=1e-4, atol=1e-5)
     torch._dynamo.reset()
 
 

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ...registry import Key, Op, register_op
+from ..shared.draws import size
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,
@@ -63,10 +64,18 @@ def shape_problem(specs, attrs: dict) -> str | None:
     return None
 
 
+def draw(rng, dtype: str) -> tuple:
+    b, (hq, hk), n, m = rng.randint(1, 2), rng.choice([(2, 2), (2, 1), (4, 2)]), size(rng, 80), size(rng, 80)
+    d, dv = rng.choice([8, 16, 32]), rng.choice([8, 16])
+    mask = rng.choice([None, None, "bool"])  # an additive mask needing a gradient is declined
+    attrs = {"causal": mask is None and rng.random() < 0.5, "scale": rng.choice([None, 0.3])}
+    return (((b, hq, n, d), dtype), ((b, hk, m, d), dtype), ((b, hk, m, dv), dtype),
+            None if mask is None else ((b, 1, n, m), mask)), attrs
+
 ATTENTION = register_op(Op(
     name="attention", reference=reference, tensors=("q", "k", "v", "mask"), optional=("mask",),
     attrs={"causal": bool, "scale": float | None}, defaults={"causal": False, "scale": None},
-    differentiable=("q", "k", "v", "mask"), make_inputs=make_inputs,
+    differentiable=("q", "k", "v", "mask"), make_inputs=make_inputs, draw=draw,
     examples=(
         ((((1, 1, 1, 8), "float32"), ((1, 1, 1, 8), "float32"), ((1, 1, 1, 8), "float32"), None), {}),
         ((((2, 4, 19, 16), "float32"), ((2, 2, 19, 16), "float32"), ((2, 2, 19, 16), "float32"), None),

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ...registry import Key, Op, register_op
+from ..shared.draws import size
 
 REDUCTIONS = ("mean", "sum")
 
@@ -69,11 +70,17 @@ def kernel_problem(specs, attrs: dict) -> str | None:
     return None
 
 
+def draw(rng, dtype: str) -> tuple:
+    n, v = size(rng, 200), size(rng, 600) + 1
+    attrs = {"ignore_index": rng.choice([-100, 0, 3]), "reduction": rng.choice(REDUCTIONS),
+             "softcap": rng.choice([None, None, 30.0])}
+    return (((n, v), dtype), ((n,), "int64")), attrs
+
 CROSS_ENTROPY = register_op(Op(
     name="cross_entropy", reference=reference, tensors=("logits", "target"),
     attrs={"ignore_index": int, "reduction": str, "softcap": float | None},
     defaults={"ignore_index": -100, "reduction": "mean", "softcap": None},
-    differentiable=("logits",), data_dependent=("target",), make_inputs=make_inputs,
+    differentiable=("logits",), data_dependent=("target",), make_inputs=make_inputs, draw=draw,
     examples=(
         ((((1, 5), "float32"), ((1,), "int64")), {}),
         ((((9, 70), "float32"), ((9,), "int64")), {"reduction": "sum"}),

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ...registry import Key, Op, register_op
+from ..shared.draws import size
 from ..shared.indices import make_index, sample_or
 
 
@@ -40,9 +41,15 @@ def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor]:
     return (w.new_empty((*ids.shape, w.shape[1])),)
 
 
+def draw(rng, dtype: str) -> tuple:
+    n, v, d = size(rng, 200), size(rng, 500), size(rng, 150)
+    ids = (2, n) if rng.random() < 0.5 else (n,)
+    return ((ids, "int64"), ((v, d), dtype)), {"padding_idx": rng.choice([None, 0, v - 1, -1, -v])}
+
 EMBEDDING = register_op(Op(
     name="embedding", reference=reference, tensors=("ids", "weight"), attrs={"padding_idx": int | None},
     defaults={"padding_idx": None}, differentiable=("weight",), data_dependent=("ids",), make_inputs=make_inputs,
+    draw=draw,
     examples=(
         ((((1,), "int64"), ((3, 4), "float32")), {}),
         ((((6, 5), "int64"), ((20, 8), "float32")), {"padding_idx": 0}),

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from ...registry import Key, Op, register_op
 from ..cross_entropy.op import REDUCTIONS, cap_problem, capped
+from ..shared.draws import size
 
 
 def reference(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
@@ -55,11 +56,18 @@ def shape_problem(specs, attrs: dict) -> str | None:
     return cap_problem(attrs["softcap"])
 
 
+def draw(rng, dtype: str) -> tuple:
+    n, h, v = size(rng, 150), size(rng, 64), size(rng, 700) + 1
+    attrs = {"ignore_index": rng.choice([-100, 0, 3]), "reduction": rng.choice(REDUCTIONS),
+             "softcap": rng.choice([None, None, 30.0])}
+    bias = ((v,), dtype) if rng.random() < 0.3 else None
+    return (((n, h), dtype), ((v, h), dtype), ((n,), "int64"), bias), attrs
+
 LINEAR_CROSS_ENTROPY = register_op(Op(
     name="linear_cross_entropy", reference=reference, tensors=("hidden", "weight", "target", "bias"),
     optional=("bias",), attrs={"ignore_index": int, "reduction": str, "softcap": float | None},
     defaults={"ignore_index": -100, "reduction": "mean", "softcap": None},
-    differentiable=("hidden", "weight", "bias"), data_dependent=("target",), make_inputs=make_inputs,
+    differentiable=("hidden", "weight", "bias"), data_dependent=("target",), make_inputs=make_inputs, draw=draw,
     examples=(
         ((((1, 3), "float32"), ((5, 3), "float32"), ((1,), "int64"), None), {}),
         ((((9, 16), "float32"), ((70, 16), "float32"), ((9,), "int64"), ((70,), "float32")), {"reduction": "sum"}),

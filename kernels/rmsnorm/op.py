@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...registry import Key, Op, register_op
+from ..shared.draws import rows, size
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float = 0.0) -> torch.Tensor:
@@ -55,6 +56,12 @@ def shape_problem(specs, attrs: dict) -> str | None:
     return None
 
 
+def draw(rng, dtype: str) -> tuple:
+    shape = rows(rng, size(rng, 150) + 1)  # rows of one element needing x's gradient are declined
+    offset = rng.choice([0.0, 1.0])
+    weight = None if offset == 0.0 and rng.random() < 0.2 else (shape[-1:], dtype)
+    return ((shape, dtype), weight), {"eps": rng.choice([1e-6, 1e-5]), "offset": offset}
+
 RMSNORM = register_op(Op(
     name="rmsnorm",
     reference=reference,
@@ -63,7 +70,7 @@ RMSNORM = register_op(Op(
     attrs={"eps": float, "offset": float},
     defaults={"eps": 1e-6, "offset": 0.0},
     differentiable=("x", "weight"),
-    make_inputs=make_inputs,
+    make_inputs=make_inputs, draw=draw,
     examples=(
         ((((1, 7), "float32"), ((7,), "float32")), {}),
         ((((33, 129), "float32"), ((129,), "float32")), {}),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...registry import Key, Op, register_op
+from ..shared.draws import size
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -48,10 +49,16 @@ def shape_problem(specs, attrs: dict) -> str | None:
     return None
 
 
+def draw(rng, dtype: str) -> tuple:
+    b, s, d = rng.randint(1, 2), size(rng, 64), 2 * size(rng, 32)
+    hq, hk = rng.choice([(4, 4), (4, 2), (1, 1)])
+    cb = rng.choice([b, 1])  # Hugging Face passes batch 1 without position_ids
+    return (((b, hq, s, d), dtype), ((b, hk, s, d), dtype), ((cb, s, d), dtype), ((cb, s, d), dtype)), {}
+
 ROPE = register_op(Op(
     name="rope", reference=reference, tensors=("q", "k", "cos", "sin"), outputs=2,
     differentiable=("q", "k", "cos", "sin"), sources=(("q", "cos", "sin"), ("k", "cos", "sin")),
-    make_inputs=make_inputs,
+    make_inputs=make_inputs, draw=draw,
     examples=(
         ((((1, 1, 1, 2), "float32"), ((1, 1, 1, 2), "float32"), ((1, 1, 2), "float32"), ((1, 1, 2), "float32")),
          {}),

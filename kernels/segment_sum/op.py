@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...registry import Key, Op, register_op
+from ..shared.draws import size
 from ..shared.indices import make_index, sample_or
 
 
@@ -36,9 +37,14 @@ def shape_problem(specs, attrs: dict) -> str | None:
     return None
 
 
+def draw(rng, dtype: str) -> tuple:
+    n, d = size(rng, 300), size(rng, 150)
+    src = (n, 2, d) if rng.random() < 0.3 else (n, d)
+    return ((src, dtype), ((n,), "int64")), {"num_segments": rng.randint(1, 2 * n)}  # some segments stay empty
+
 SEGMENT_SUM = register_op(Op(
     name="segment_sum", reference=reference, tensors=("src", "index"), attrs={"num_segments": int},
-    defaults={}, differentiable=("src",), data_dependent=("index",), make_inputs=make_inputs,
+    defaults={}, differentiable=("src",), data_dependent=("index",), make_inputs=make_inputs, draw=draw,
     examples=(
         ((((1, 3), "float32"), ((1,), "int64")), {"num_segments": 1}),
         ((((40, 7), "float32"), ((40,), "int64")), {"num_segments": 9}),

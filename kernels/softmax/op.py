@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...registry import Key, Op, register_op
+from ..shared.draws import rows, size
 
 
 def reference(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -27,9 +28,13 @@ def dim_problem(specs, attrs: dict) -> str | None:
     return None
 
 
+def draw(rng, dtype: str) -> tuple:
+    shape = rows(rng, size(rng, 400))
+    return ((shape, dtype),), {"dim": rng.choice([-1, len(shape) - 1])}
+
 SOFTMAX = register_op(Op(
     name="softmax", reference=reference, tensors=("x",), attrs={"dim": int}, defaults={"dim": -1},
-    differentiable=("x",), make_inputs=make_inputs,
+    differentiable=("x",), make_inputs=make_inputs, draw=draw,
     examples=(
         ((((1, 5), "float32"),), {}),
         ((((37, 129), "float32"),), {}),

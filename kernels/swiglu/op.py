@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ...registry import Key, Op, register_op
+from ..shared.draws import rows, size
 
 
 def reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -21,9 +22,13 @@ def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor]:
     return (g.new_empty(g.shape),)
 
 
+def draw(rng, dtype: str) -> tuple:
+    shape = rows(rng, size(rng, 400))
+    return ((shape, dtype), (shape, dtype)), {}
+
 SWIGLU = register_op(Op(
     name="swiglu", reference=reference, tensors=("gate", "up"), differentiable=("gate", "up"),
-    make_inputs=make_inputs,
+    make_inputs=make_inputs, draw=draw,
     examples=(
         ((((1, 3), "float32"), ((1, 3), "float32")), {}),
         ((((7, 333), "float32"), ((7, 333), "float32")), {}),
