@@ -10,6 +10,7 @@ import random
 import pytest
 import torch
 
+import nki_autotune.kernels as nk
 from nki_autotune.autotune.numerics import check_impl
 from nki_autotune.kernels.nki import REAL
 from nki_autotune.kernels.nki.interp import NkiError
@@ -36,9 +37,8 @@ def _keys(impl):
             yield key_of(op.name, mode, inputs, {**op.defaults, **extra})
 
 
-def test_every_op_has_an_nki_impl():
-    pack = {name for name, op in ops().items() if op.reference.__module__.startswith("nki_autotune.kernels.")}
-    assert len(pack) == 10 and {i.op.name for i in NKI_IMPLS} == pack  # tests register ops of their own
+def test_every_op_of_the_pack_has_an_nki_impl():
+    assert {i.op.name for i in NKI_IMPLS} >= set(nk.OPS) and len(nk.OPS) >= 10  # tests register ops of their own
 
 
 @pytest.mark.parametrize("impl", NKI_IMPLS, ids=lambda i: i.qualname)
@@ -51,25 +51,10 @@ def test_examples_forward_and_backward(target, impl):
             assert res.ok, (key.label(), cfg, res)
 
 
-def _fresh_key(name: str, rng: random.Random, dtype: str) -> Key:
-    n, d = rng.randint(1, 200), rng.randint(1, 150)
-    shapes = {
-        # rows of one element are declined in training (their gradient cancels in the kernels' formula)
-        "rmsnorm": ([((n, d + 1), dtype), ((d + 1,), dtype)], {"eps": 1e-6}),
-        "softmax": ([((n, d), dtype)], {"dim": -1}),
-        "swiglu": ([((n, d), dtype), ((n, d), dtype)], {}),
-        "geglu": ([((n, d), dtype), ((n, d), dtype)], {}),
-        "rope": ([((2, 3, n, 2 * d), dtype), ((2, 1, n, 2 * d), dtype), ((2, n, 2 * d), dtype),
-                  ((2, n, 2 * d), dtype)], {}),
-        "cross_entropy": ([((n, d + 1), dtype), ((n,), "int64")], {"ignore_index": -100}),
-        "embedding": ([((n,), "int64"), ((d + 1, 16), dtype)], {}),
-        "segment_sum": ([((n, 5), dtype), ((n,), "int64")], {"num_segments": d + 1}),
-        "attention": ([((2, 2, n, 16), dtype), ((2, 1, d, 16), dtype), ((2, 1, d, 8), dtype), None],
-                      {"causal": n <= d}),
-        "linear_cross_entropy": ([((n, 8), dtype), ((d + 1, 8), dtype), ((n,), "int64"), None],
-                                 {"ignore_index": -100, "reduction": "mean", "softcap": None}),
-    }[name]
-    return key_of(name, "training", shapes[0], shapes[1])
+def _fresh_key(op, rng: random.Random, dtype: str) -> Key:
+    """A call the op draws (docs/adding-an-op.md), in training."""
+    inputs, extra = op.draw(rng, dtype)
+    return key_of(op.name, "training", inputs, {**op.defaults, **extra})
 
 
 @pytest.mark.parametrize("dtype, lnc", [("float32", "1"), ("bfloat16", "2")])
@@ -77,9 +62,14 @@ def _fresh_key(name: str, rng: random.Random, dtype: str) -> Key:
 def test_fresh_shapes(impl, dtype, lnc, monkeypatch):
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", lnc)
     rng = random.Random(f"{SEED} {impl.qualname}")  # the same in every process, unlike hash()
-    key = _fresh_key(impl.op.name, rng, dtype)
-    why = impl.supports(key.inputs, key.attr_dict)
-    assert why is None, why  # every NKI impl takes float32 and bfloat16 at these sizes
+    whys = []
+    for _ in range(50):  # the op's draws, until one this impl takes (some take one reduction, no padding row)
+        key = _fresh_key(impl.op, rng, dtype)
+        why = impl.supports(key.inputs, key.attr_dict)
+        if why is None:
+            break
+        whys.append(why)
+    assert why is None, sorted(set(whys))
     cfg = dict(impl.default) if impl.allows(impl.default, key) else impl.configs(key)[0]
     res = check_impl(impl, key, cfg, torch.Generator().manual_seed(SEED))
     assert res.ok, (key.label(), cfg, res)

@@ -65,7 +65,7 @@ def shape_problem(specs, attrs: dict) -> str | None:
 
 
 def draw(rng, dtype: str) -> tuple:
-    b, (hq, hk), n, m = rng.randint(1, 2), rng.choice([(2, 2), (2, 1), (4, 2)]), size(rng, 80), size(rng, 80)
+    b, (hq, hk), n, m = rng.randint(1, 2), rng.choice([(2, 2), (2, 1), (4, 2)]), size(rng, 80), size(rng, 80) or 1
     d, dv = rng.choice([8, 16, 32]), rng.choice([8, 16])
     mask = rng.choice([None, None, "bool"])  # an additive mask needing a gradient is declined
     attrs = {"causal": mask is None and rng.random() < 0.5, "scale": rng.choice([None, 0.3])}
@@ -75,7 +75,13 @@ def draw(rng, dtype: str) -> tuple:
 ATTENTION = register_op(Op(
     name="attention", reference=reference, tensors=("q", "k", "v", "mask"), optional=("mask",),
     attrs={"causal": bool, "scale": float | None}, defaults={"causal": False, "scale": None},
-    differentiable=("q", "k", "v", "mask"), make_inputs=make_inputs, draw=draw,
+    differentiable=("q", "k", "v", "mask"), make_inputs=make_inputs,
+    waives={"special input values": "PyTorch's CPU attention is not consistent about nan: a query row whose every "
+            "score is nan gives 0 (as a fully masked row), one with some nan scores nan; the kernels spread nan in "
+            "both. tests/test_attention.py checks nan and inf where PyTorch's attention is consistent",
+            "special output gradients": "the backward takes the scores' gradient from rowsum(dO * O), as flash "
+            "attention does, the expression from the softmax's own backward: an infinite output gradient meets "
+            "inf - inf in other places"}, draw=draw,
     examples=(
         ((((1, 1, 1, 8), "float32"), ((1, 1, 1, 8), "float32"), ((1, 1, 1, 8), "float32"), None), {}),
         ((((2, 4, 19, 16), "float32"), ((2, 2, 19, 16), "float32"), ((2, 2, 19, 16), "float32"), None),

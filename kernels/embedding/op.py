@@ -42,7 +42,7 @@ def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor]:
 
 
 def draw(rng, dtype: str) -> tuple:
-    n, v, d = size(rng, 200), size(rng, 500), size(rng, 150)
+    n, v, d = size(rng, 200), size(rng, 500) or 1, size(rng, 150)  # a vocabulary of at least one row
     ids = (2, n) if rng.random() < 0.5 else (n,)
     return ((ids, "int64"), ((v, d), dtype)), {"padding_idx": rng.choice([None, 0, v - 1, -1, -v])}
 

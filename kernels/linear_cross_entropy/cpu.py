@@ -227,6 +227,8 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
         return why
     if specs[1].shape[0] == 0:
         return "an empty vocabulary"
+    if specs[0].shape[1] == 0:
+        return "a hidden size of 0 (oneDNN's product refuses it)"
     return None
 
 

@@ -57,7 +57,7 @@ def shape_problem(specs, attrs: dict) -> str | None:
 
 
 def draw(rng, dtype: str) -> tuple:
-    n, h, v = size(rng, 150), size(rng, 64), size(rng, 700) + 1
+    n, h, v = size(rng, 150), size(rng, 64) or 1, size(rng, 700) + 1  # a hidden size of 0 is declined
     attrs = {"ignore_index": rng.choice([-100, 0, 3]), "reduction": rng.choice(REDUCTIONS),
              "softcap": rng.choice([None, None, 30.0])}
     bias = ((v,), dtype) if rng.random() < 0.3 else None
@@ -68,6 +68,9 @@ LINEAR_CROSS_ENTROPY = register_op(Op(
     optional=("bias",), attrs={"ignore_index": int, "reduction": str, "softcap": float | None},
     defaults={"ignore_index": -100, "reduction": "mean", "softcap": None},
     differentiable=("hidden", "weight", "bias"), data_dependent=("target",), make_inputs=make_inputs, draw=draw,
+    waives={"special output gradients": "the gradients are computed in the forward and scaled by the loss's "
+            "gradient in the backward: an infinite or nan loss gradient (a diverged step) gives inf where the "
+            "expression's sums of infinities of both signs give nan"},
     examples=(
         ((((1, 3), "float32"), ((5, 3), "float32"), ((1,), "int64"), None), {}),
         ((((9, 16), "float32"), ((70, 16), "float32"), ((9,), "int64"), ((70,), "float32")), {"reduction": "sum"}),

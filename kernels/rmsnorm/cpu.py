@@ -65,7 +65,9 @@ def _forward_body(xp, span, stride, xs, w, offset, eps, rows, n, yp, rp):
             s = np.float32(1.0) / np.sqrt(acc * inv_d + np.float32(eps))
             rstd[r] = s
             for j in range(d):
-                y[r, j] = cast_to(y, f32(xr[j]) * s * (f32(w[j]) + o))
+                # the expression's order, (x * rstd) * w: x * w overflows where a huge x meets a huge weight,
+                # and times an rstd of 0 would be nan where the expression's is 0
+                y[r, j] = cast_to(y, _in_order(f32(xr[j]) * s, f32(w[j]) + o))
 
 
 @helper(ELEMENTWISE)

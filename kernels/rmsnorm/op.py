@@ -57,7 +57,8 @@ def shape_problem(specs, attrs: dict) -> str | None:
 
 
 def draw(rng, dtype: str) -> tuple:
-    shape = rows(rng, size(rng, 150) + 1)  # rows of one element needing x's gradient are declined
+    d = size(rng, 150)
+    shape = rows(rng, d + 1 if d else 0)  # rows of one element needing x's gradient are declined
     offset = rng.choice([0.0, 1.0])
     weight = None if offset == 0.0 and rng.random() < 0.2 else (shape[-1:], dtype)
     return ((shape, dtype), weight), {"eps": rng.choice([1e-6, 1e-5]), "offset": offset}

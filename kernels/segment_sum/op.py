@@ -40,7 +40,8 @@ def shape_problem(specs, attrs: dict) -> str | None:
 def draw(rng, dtype: str) -> tuple:
     n, d = size(rng, 300), size(rng, 150)
     src = (n, 2, d) if rng.random() < 0.3 else (n, d)
-    return ((src, dtype), ((n,), "int64")), {"num_segments": rng.randint(1, 2 * n)}  # some segments stay empty
+    segments = rng.randint(min(n, 1), 2 * n or 1)  # more than rows, at times: some stay empty
+    return ((src, dtype), ((n,), "int64")), {"num_segments": segments}
 
 SEGMENT_SUM = register_op(Op(
     name="segment_sum", reference=reference, tensors=("src", "index"), attrs={"num_segments": int},

@@ -11,7 +11,9 @@ def make_index(shape: tuple[int, ...], size: int, gen: torch.Generator, dist: st
     n = 1
     for s in shape:
         n *= s
-    if dist == "zipf":
+    if n == 0 or size == 0:  # nothing to draw (an index into nothing can only be empty)
+        idx = torch.zeros(n, dtype=torch.int64)
+    elif dist == "zipf":
         ranks = torch.arange(1, size + 1, dtype=torch.float64)
         idx = torch.multinomial(ranks.pow(-1.1), n, replacement=True, generator=gen)
         idx = torch.randperm(size, generator=gen)[idx]
