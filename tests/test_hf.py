@@ -19,6 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 import nki_autotune.kernels as nk  # noqa: E402
 from nki_autotune.kernels import hf  # noqa: E402
+from nki_autotune.kernels.cross_entropy.hooks import causal_lm_loss  # noqa: E402
 from nki_autotune.registry import Entry, get_op, load_profile, ops, record, scope  # noqa: E402
 
 from .helpers import rel_err  # noqa: E402
@@ -227,7 +228,7 @@ def test_loss_keeps_shift_ignore_index_and_num_items_in_batch():
             for y, kw in cases:
                 got_x = logits.clone().requires_grad_()
                 want_x = logits.clone().requires_grad_()
-                got = hf.causal_lm_loss(got_x, y, 11, **kw)
+                got = causal_lm_loss(got_x, y, 11, **kw)
                 want = ForCausalLMLoss(want_x, y, 11, **kw)
                 got.backward()
                 want.backward()
@@ -454,7 +455,7 @@ def test_code_transformers_moved_is_refused_not_patched_into_a_no_op(monkeypatch
             return q, k
 
     with pytest.raises(RuntimeError, match="does not call .*apply_rotary_pos_emb.*rope=False"):
-        hf.check_routable(modeling, Attention)
+        hf.check_routable(modeling, Attention, "rope")
     model = build("llama")
     monkeypatch.setattr(modeling.LlamaForCausalLM, "forward", lambda self, **kw: kw)
     with pytest.raises(RuntimeError, match="through self.loss_function.*cross_entropy=False"):
@@ -547,7 +548,7 @@ def test_a_copy_of_a_patched_model_is_patched_and_routes_its_rotary_embedding(ho
     attention routed after the original is unpatched and collected."""
     import io
 
-    from nki_autotune.kernels.hf import rope as hf_rope
+    from nki_autotune.kernels.rope import hooks as hf_rope
 
     model = build("llama")
     hf.patch(model)

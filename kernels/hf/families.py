@@ -11,8 +11,8 @@ from torch import nn
 
 @dataclass(frozen=True)
 class Family:
-    """One family: its ``config.model_type``, the class-name prefix of its modeling module, and the forwards
-    (in ``forwards.py``) that compute its RMSNorm and its MLP as its modeling code does."""
+    """One family: its ``config.model_type``, the class-name prefix of its modeling module, and how its modeling
+    code computes what the op folders' hooks replace (each hook reads the fields it needs)."""
 
     model_type: str
     prefix: str
@@ -24,15 +24,16 @@ class Family:
     """Gemma's numerics: RMSNorm scales by ``1 + weight`` and casts the product (not the norm) to the input's dtype;
     the MLP is GELU(tanh)-gated; the token embedding is scaled by sqrt(hidden size) (``TextScaledWordEmbedding``)."""
     norm: str = "rmsnorm_forward"
-    """The RMSNorm forward (``forwards``): Llama's cast order (normalised in float32, cast, times the weight); OLMo 2's
-    ``rmsnorm_float32_forward``; Gemma's ``gemma_rmsnorm_forward``."""
+    """The RMSNorm forward (``kernels/rmsnorm/hooks.py``): Llama's cast order (normalised in float32, cast, times
+    the weight); OLMo 2's ``rmsnorm_float32_forward``; Gemma's ``gemma_rmsnorm_forward``."""
     fused_head: bool = True
     """Whether the causal LM's head and loss can be one ``nk.linear_cross_entropy`` call: its forward computes
     ``lm_head(hidden)`` (softcapped where the config says) and its loss on that; Granite divides the logits by
     ``logits_scaling`` first."""
     mlp: str = "mlp_forward"
-    """The MLP forward: ``gate_proj`` and ``up_proj`` on swiglu; Phi-3's one ``gate_up_proj`` split in half:
-    ``fused_mlp_forward``; Gemma's GELU(tanh)-gated ``geglu_mlp_forward``."""
+    """The MLP forward (``kernels/swiglu/hooks.py``, ``kernels/geglu/hooks.py``): ``gate_proj`` and ``up_proj`` on
+    swiglu; Phi-3's one ``gate_up_proj`` split in half: ``fused_mlp_forward``; Gemma's GELU(tanh)-gated
+    ``geglu_mlp_forward``."""
 
     @property
     def modeling(self) -> ModuleType:
@@ -55,14 +56,6 @@ FAMILIES = {f.model_type: f for f in (
     Family("granite", "Granite", fused_head=False),  # its multipliers live in the forwards left as they are
     Family("smollm3", "SmolLM3"),  # NoPE layers: their attention calls no rotary embedding and is not patched
 )}
-
-
-def forward_uses(cls: type, name: str) -> bool:
-    """Whether ``cls.forward`` (under its decorators) reads the global or attribute ``name`` when it runs."""
-    forward = cls.forward
-    while hasattr(forward, "__wrapped__"):
-        forward = forward.__wrapped__
-    return name in forward.__code__.co_names
 
 
 class UnsupportedModel(ValueError):

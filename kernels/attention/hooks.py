@@ -1,10 +1,11 @@
-"""Attention: transformers' ``sdpa`` attention function, run by ``nk.attention`` inside patched attention modules.
+"""Where attention runs in a model: inside each Hugging Face family's attention, transformers' ``sdpa`` attention
+function run by ``nk.attention`` (``hf/routes.py``; eager, flash and flex are left as they are).
 
 transformers' attention modules find their attention function in ``ALL_ATTENTION_FUNCTIONS`` (a module-level
 name of each modeling module, read when the forward runs: ``get_interface(config._attn_implementation, eager)``
 in 5.x, ``ALL_ATTENTION_FUNCTIONS[...]`` in 4.57). While a model of a family is patched, that name holds an
 ``AttentionRouter``: inside a patched attention it hands out ``sdpa`` below for ``"sdpa"``, anywhere else (and for
-every other implementation: eager, flash, flex) what the registry holds.
+every other implementation) what the registry holds.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from functools import partial
 from typing import Any
 
 import torch
+from torch import nn
 
-from .. import attention
-
-INTERFACE = "ALL_ATTENTION_FUNCTIONS"
+from ..shared.hooks import FamilyHook, Route
+from . import attention
 
 
 def sdpa(original: Callable, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -70,3 +71,14 @@ class AttentionRouter:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._interface, name)
+
+
+def _attentions(model: nn.Module, family):
+    kind = family.cls("Attention")
+    for name, m in model.named_modules():
+        if type(m) is kind:
+            yield name, m
+
+
+FAMILY = FamilyHook(find=_attentions, route=Route("ALL_ATTENTION_FUNCTIONS", AttentionRouter,
+                                                  reads="look up its attention function in", what="attention"))

@@ -1,0 +1,113 @@
+"""Where an op runs in a model, said in its own folder (docs/adding-an-op.md): an optional ``hooks.py`` beside its
+``op.py`` holding ``MODULE`` (a ``ModuleHook``: which ``torch.nn`` modules ``patch_modules`` binds the op on) and/or
+``FAMILY`` (a ``FamilyHook``: which modules of a Hugging Face family ``hf.patch`` binds it on). The patchers read
+the hooks of every op the pack finds; neither names an op."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if TYPE_CHECKING:
+    from ..hf.families import Family
+
+
+def _always(module: nn.Module) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class ModuleHook:
+    """The op on every module of exactly ``cls`` that ``accepts`` (a subclass may compute something else)."""
+
+    cls: type
+    forward: Callable
+    """``forward(module, *args)``: the module's forward, with the op's function where it computes the op."""
+    accepts: Callable[[nn.Module], bool] = _always
+
+
+@dataclass(frozen=True)
+class Route:
+    """A module-level name of a family's modeling module that its attention's forward reads when it runs (a
+    function, or a registry of them): a patched attention routes it to the op. While any attention of the
+    family is patched, the name holds ``router(original, active)``, which gives the op's computation while
+    ``active()`` (inside a patched attention's forward) and the original anywhere else."""
+
+    name: str
+    router: Callable[[Any, Callable[[], bool]], Any]
+    reads: str
+    """How the forward uses the name, for the refusal where it does not: "call", "look up its attention
+    function in"."""
+    what: str
+    """What it computes, for the same refusal: "rotary embedding"."""
+
+
+@dataclass(frozen=True)
+class FamilyHook:
+    """The op in the modules of a Hugging Face family: ``find`` yields (qualified name, module) of each module of a
+    model that the family's patching matches exactly; ``bind`` gives what is set in its ``slot`` (the instance's
+    ``forward``, or ``_loss_function`` behind a model's ``loss_function``), by default the family's forward
+    ``partial(forward, module)``; ``forwards`` are every function it binds (how a patched module is told);
+    ``check`` refuses, before anything is bound, a module whose class computes the op elsewhere in this
+    transformers; ``route`` (instead of ``bind``) routes a name of the modeling module in the attention found."""
+
+    find: Callable[[nn.Module, Family], Iterable[tuple[str, nn.Module]]]
+    forwards: tuple[Callable, ...] = ()
+    bind: Callable[[nn.Module, Family], Callable] | None = None
+    slot: str = "forward"
+    check: Callable[[nn.Module], None] | None = None
+    route: Route | None = None
+
+    def bound(self, module: nn.Module) -> bool:
+        """Whether this hook's binding is what ``module``'s slot holds (a route is told by its router forward)."""
+        value = module.__dict__.get(self.slot)
+        if isinstance(value, partial) and value.args[:1] and value.args[0] is module:
+            value = value.func
+        return any(value is f for f in self.forwards)
+
+
+def family_forward(forwards: dict[str, Callable], pick: Callable[[Family], str]):
+    """A ``bind`` that binds ``forwards[pick(family)]`` on the module: a partial, not a bound method, so a patched
+    model pickles and copies (a method pickles by its name)."""
+    return lambda module, family: partial(forwards[pick(family)], module)
+
+
+def forward_uses(cls: type, name: str) -> bool:
+    """Whether ``cls.forward`` (under its decorators) reads the global or attribute ``name`` when it runs."""
+    forward = cls.forward
+    while hasattr(forward, "__wrapped__"):
+        forward = forward.__wrapped__
+    return name in forward.__code__.co_names
+
+
+def hooks_of(attr: str) -> dict[str, Any]:
+    """Each op's hook named ``attr`` (``MODULE``, ``FAMILY``), by op, in the pack's order: from the ``hooks.py`` of
+    the op folders that have one and define it."""
+    from .. import OPS
+
+    pack = __name__.rsplit(".", 2)[0]
+    out = {}
+    for op in OPS:
+        name = f"{pack}.{op}.hooks"
+        if importlib.util.find_spec(name) is None:
+            continue
+        hook = getattr(importlib.import_module(name), attr, None)
+        if hook is not None:
+            out[op] = hook
+    return out
+
+
+def shifted_labels(labels: torch.Tensor, ignore_index: int, shift_labels: torch.Tensor | None) -> torch.Tensor:
+    """transformers' causal-LM shift: each position's label is the next token's (the last position ignored),
+    flattened; ``shift_labels`` where the caller shifted them already."""
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:].contiguous()
+    return shift_labels.view(-1)
