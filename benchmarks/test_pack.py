@@ -1,6 +1,6 @@
-"""The pack's ops: each CPU kernel vs Inductor's code, forward and forward+backward, at the example's shapes and at
-large ones, with the bandwidth each kernel achieves next to this machine's copy bandwidth and, in training mode, the
-peak memory of each (see conftest's summary).
+"""Every op the pack finds: each CPU kernel vs Inductor's code, forward and forward+backward, at the call sites its
+folder names (``Op.benchmarks``), with the bandwidth each kernel achieves next to this machine's copy bandwidth and,
+in training mode, the peak memory of each (see conftest's summary).
 
 Kernel and compiler are timed in one run, interleaved round by round in a shuffled order, each in its own compiled
 region (one call per region, the kernel at its default config), as the autotuner times them; the kernel's numerics
@@ -10,102 +10,66 @@ Run: make bench   (or: pytest benchmarks/test_pack.py -k softmax)
 
 from __future__ import annotations
 
-import math
 import time
 
 import pytest
 import torch
 
-import nki_autotune.kernels  # noqa: F401
 from nki_autotune.autotune.memory import peak_bytes
 from nki_autotune.autotune.numerics import check_impl
 from nki_autotune.autotune.stats import median, ratio_of_medians
 from nki_autotune.autotune.timing import Clock, Workload, interleave
+from nki_autotune.kernels import OPS
 from nki_autotune.registry import Key, TensorSpec, get_backend, get_op
 
 from .conftest import COPY, RESULTS, Result
 
 CPU = get_backend("cpu")
-F32, I64 = 4, 8
 ROUNDS = 15
 
-
-def _key(op, mode, inputs, attrs=()):
-    """inputs: (shape, dtype[, strides[, requires_grad]]) each."""
-    specs = tuple(TensorSpec(tuple(i[0]), *i[1:]) for i in inputs)
-    return Key.of(get_op(op), specs, dict(attrs), mode)
+CASES = [(name, *case) for name in OPS for case in get_op(name).benchmarks]
+"""Every op the pack finds, at the call sites its folder names (``Op.benchmarks``)."""
 
 
-def _n(shape):
-    return math.prod(shape)
+def _spec(i):
+    """An input (shape, dtype[, strides[, requires_grad]]) as a spec; None for an absent optional tensor."""
+    return None if i is None else TensorSpec(tuple(i[0]), *i[1:])
 
 
-def _hf(b, h, s, d):
-    """Hugging Face's q/k: ``x.view(b, s, h, d).transpose(1, 2)``, needing a gradient."""
-    return (b, h, s, d), "float32", (s * h * d, d, h * d, 1), True
-
-
-CE_ATTRS = [("ignore_index", -100), ("reduction", "mean")]
-
-# op, inputs, attrs, generator options, bytes (inference), bytes (training: forward + backward)
-CASES = [
-    ("rmsnorm", [(shape, "float32"), (shape[-1:], "float32")], [("eps", 1e-6)], {},
-     lambda s: 2 * F32 * _n(s[0]), lambda s: 5 * F32 * _n(s[0]))
-    for shape in ((8, 64), (512, 256), (4, 256, 256), (2048, 512), (8192, 1024))
-] + [
-    ("softmax", [((256, 128), "float32")], [("dim", -1)], {}, lambda s: 2 * F32 * _n(s[0]),
-     lambda s: 5 * F32 * _n(s[0])),
-    ("softmax", [((8, 4, 256, 256), "float32")], [("dim", -1)], {}, lambda s: 2 * F32 * _n(s[0]),
-     lambda s: 5 * F32 * _n(s[0])),
-    ("swiglu", [((64, 256), "float32")] * 2, [], {}, lambda s: 3 * F32 * _n(s[0]), lambda s: 8 * F32 * _n(s[0])),
-    ("swiglu", [((4, 256, 512), "float32")] * 2, [], {}, lambda s: 3 * F32 * _n(s[0]),
-     lambda s: 8 * F32 * _n(s[0])),
-    ("swiglu", [((2048, 2048), "float32")] * 2, [], {}, lambda s: 3 * F32 * _n(s[0]), lambda s: 8 * F32 * _n(s[0])),
-    ("rope", [_hf(4, 4, 256, 64), _hf(4, 2, 256, 64), ((1, 256, 64), "float32"), ((1, 256, 64), "float32")], [], {},
-     lambda s: F32 * (2 * _n(s[0]) + 2 * _n(s[1]) + 2 * _n(s[2])),
-     lambda s: F32 * (4 * _n(s[0]) + 4 * _n(s[1]) + 4 * _n(s[2]))),
-    ("rope", [((8, 8, 512, 64), "float32")] * 2 + [((8, 512, 64), "float32")] * 2, [], {},
-     lambda s: F32 * (4 * _n(s[0]) + 2 * _n(s[2])), lambda s: F32 * (10 * _n(s[0]) + 6 * _n(s[2]))),
-    ("cross_entropy", [((64, 2048), "float32"), ((64,), "int64")], CE_ATTRS, {},
-     lambda s: F32 * _n(s[0]), lambda s: 3 * F32 * _n(s[0])),
-    ("cross_entropy", [((1024, 32000), "float32"), ((1024,), "int64")], CE_ATTRS, {},
-     lambda s: F32 * _n(s[0]), lambda s: 3 * F32 * _n(s[0])),
-    ("cross_entropy", [((2048, 32000), "float32"), ((2048,), "int64")], CE_ATTRS, {},
-     lambda s: F32 * _n(s[0]), lambda s: 3 * F32 * _n(s[0])),
-    ("cross_entropy", [((1024, 32000), "float32"), ((1024,), "int64")], [*CE_ATTRS, ("softcap", 30.0)], {},
-     lambda s: F32 * _n(s[0]), lambda s: 3 * F32 * _n(s[0])),  # Gemma 2 and 3's capped logits
-    ("embedding", [((4, 256), "int64"), ((32000, 256), "float32")], [("padding_idx", 0)], {"dist": "zipf"},
-     lambda s: I64 * _n(s[0]) + 2 * F32 * _n(s[0]) * s[1][1],
-     lambda s: I64 * _n(s[0]) + 3 * F32 * _n(s[0]) * s[1][1] + F32 * _n(s[1])),
-] + [
-    ("embedding", [((8, 1024), "int64"), ((32000, 512), "float32")], [("padding_idx", None)],
-     {"dist": dist, "sort": sort},
-     lambda s: I64 * _n(s[0]) + 2 * F32 * _n(s[0]) * s[1][1],
-     lambda s: I64 * _n(s[0]) + 3 * F32 * _n(s[0]) * s[1][1] + F32 * _n(s[1]))
-    for dist in ("uniform", "zipf") for sort in (False, True)
-] + [
-    ("segment_sum", [((65536, 64), "float32"), ((65536,), "int64")], [("num_segments", 4096)],
-     {"dist": dist, "sort": sort},
-     lambda s: F32 * _n(s[0]) + I64 * s[1][0] + F32 * 4096 * s[0][1],
-     lambda s: 2 * F32 * _n(s[0]) + 2 * I64 * s[1][0] + 2 * F32 * 4096 * s[0][1])
-    for dist in ("uniform", "zipf") for sort in (False, True)
-]
+def _bytes(name, inputs, attrs, training):
+    """The bytes the op moves, counted from its signature alone: its inputs and outputs whole; in training also
+    the output gradients, the inputs read again by the backward and the input gradients (of the differentiable
+    floating inputs). The outputs' sizes come from the reference on meta tensors. A gather reads only the rows it
+    needs (embedding's table, a sparse scatter's gradient): its bandwidth reads high."""
+    op = get_op(name)
+    tensors = [None if i is None else torch.empty(i[0], dtype=getattr(torch, i[1]), device="meta") for i in inputs]
+    values = {**op.defaults, **attrs}
+    outs = op.reference(*tensors, *(values[a] for a in op.attrs))
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    size = lambda ts: sum(t.numel() * t.element_size() for t in ts if t is not None)  # noqa: E731
+    ins, out = size(tensors), size(outs)
+    if not training:
+        return ins + out
+    grads = [t for n, t in zip(op.tensors, tensors)
+             if n in op.differentiable and t is not None and t.is_floating_point()]
+    return 2 * ins + 2 * out + size(grads)
 
 
 def _label(case):
-    op, inputs, attrs, opts, _, _ = case
-    shapes = "/".join("x".join(map(str, i[0])) + (" (HF view)" if len(i) > 2 and i[2] else "") for i in inputs)
-    extra = "".join(f" {k}={v}" for k, v in [*(a for a in attrs if a[0] == "softcap"), *opts.items()])
-    return f"{op} {shapes}{extra}"
+    name, inputs, attrs, opts = case
+    shapes = "/".join("-" if i is None else "x".join(map(str, i[0])) + (" (HF view)" if len(i) > 2 and i[2] else "")
+                      for i in inputs)
+    extra = "".join(f" {k}={v}" for k, v in [*attrs.items(), *opts.items()])
+    return f"{name} {shapes}{extra}"
 
 
 @pytest.mark.parametrize("mode", ["inference", "training"])
 @pytest.mark.parametrize("case", CASES, ids=_label)
 def test_op(case, mode):
-    name, inputs, attrs, opts, bytes_inf, bytes_train = case
+    name, inputs, attrs, opts = case
     op = get_op(name)
     impl = next(i for i in op.impls.values() if i.backend == "cpu")
-    key = _key(name, mode, inputs, attrs)
+    key = Key.of(op, tuple(_spec(i) for i in inputs), dict(attrs), mode)
     config = impl.default if impl.allows(impl.default, key) else impl.configs(key)[0]
     res = check_impl(impl, key, config, torch.Generator().manual_seed(0))
     assert res.ok, res  # verify as we measure
@@ -115,9 +79,8 @@ def test_op(case, mode):
     times = interleave([compiler, kernel], rounds=ROUNDS, clock=Clock(CPU.synchronize), warmup=2)
     speedup, ci = ratio_of_medians(times["compiler"], times[kernel.name])
     peaks = (peak_bytes(lambda: compiler.step(0)), peak_bytes(lambda: kernel.step(0))) if key.grads else (None, None)
-    shapes = [i[0] for i in inputs]
     RESULTS.append(Result(_label(case), mode, median(times["compiler"]), median(times[kernel.name]), speedup, ci,
-                          (bytes_train if key.grads else bytes_inf)(shapes), *peaks))
+                          _bytes(name, inputs, attrs, bool(key.grads)), *peaks))
 
 
 def test_copy_bandwidth():

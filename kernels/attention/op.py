@@ -72,6 +72,12 @@ def draw(rng, dtype: str) -> tuple:
     return (((b, hq, n, d), dtype), ((b, hk, m, d), dtype), ((b, hk, m, dv), dtype),
             None if mask is None else ((b, 1, n, m), mask)), attrs
 
+BENCHMARKS = (
+    ((((1, 8, 512, 64), "float32"), ((1, 8, 512, 64), "float32"), ((1, 8, 512, 64), "float32"), None),
+     {"causal": True}, {}),
+)
+"""A causal training call site for ``benchmarks/test_pack.py`` (``benchmarks/test_attention.py`` has more)."""
+
 ATTENTION = register_op(Op(
     name="attention", reference=reference, tensors=("q", "k", "v", "mask"), optional=("mask",),
     attrs={"causal": bool, "scale": float | None}, defaults={"causal": False, "scale": None},
@@ -81,7 +87,7 @@ ATTENTION = register_op(Op(
             "both. tests/test_attention.py checks nan and inf where PyTorch's attention is consistent",
             "special output gradients": "the backward takes the scores' gradient from rowsum(dO * O), as flash "
             "attention does, the expression from the softmax's own backward: an infinite output gradient meets "
-            "inf - inf in other places"}, draw=draw,
+            "inf - inf in other places"}, draw=draw, benchmarks=BENCHMARKS,
     examples=(
         ((((1, 1, 1, 8), "float32"), ((1, 1, 1, 8), "float32"), ((1, 1, 1, 8), "float32"), None), {}),
         ((((2, 4, 19, 16), "float32"), ((2, 2, 19, 16), "float32"), ((2, 2, 19, 16), "float32"), None),

@@ -76,11 +76,19 @@ def draw(rng, dtype: str) -> tuple:
              "softcap": rng.choice([None, None, 30.0])}
     return (((n, v), dtype), ((n,), "int64")), attrs
 
+BENCHMARKS = (
+    ((((64, 2048), "float32"), ((64,), "int64")), {}, {}),
+    ((((1024, 32000), "float32"), ((1024,), "int64")), {}, {}),
+    ((((2048, 32000), "float32"), ((2048,), "int64")), {}, {}),
+    ((((1024, 32000), "float32"), ((1024,), "int64")), {"softcap": 30.0}, {}),  # Gemma 2 and 3's capped logits
+)
+"""Vocabularies of real models for ``benchmarks/test_pack.py``."""
+
 CROSS_ENTROPY = register_op(Op(
     name="cross_entropy", reference=reference, tensors=("logits", "target"),
     attrs={"ignore_index": int, "reduction": str, "softcap": float | None},
     defaults={"ignore_index": -100, "reduction": "mean", "softcap": None},
-    differentiable=("logits",), data_dependent=("target",), make_inputs=make_inputs, draw=draw,
+    differentiable=("logits",), data_dependent=("target",), make_inputs=make_inputs, draw=draw, benchmarks=BENCHMARKS,
     examples=(
         ((((1, 5), "float32"), ((1,), "int64")), {}),
         ((((9, 70), "float32"), ((9,), "int64")), {"reduction": "sum"}),

@@ -46,10 +46,17 @@ def draw(rng, dtype: str) -> tuple:
     ids = (2, n) if rng.random() < 0.5 else (n,)
     return ((ids, "int64"), ((v, d), dtype)), {"padding_idx": rng.choice([None, 0, v - 1, -1, -v])}
 
+BENCHMARKS = (
+    ((((4, 256), "int64"), ((32000, 256), "float32")), {"padding_idx": 0}, {"dist": "zipf"}),
+    *(((((8, 1024), "int64"), ((32000, 512), "float32")), {}, {"dist": dist, "sort": sort})
+      for dist in ("uniform", "zipf") for sort in (False, True)),
+)
+"""Token embeddings for ``benchmarks/test_pack.py``: text's skewed ids (zipf) and uniform ones, sorted or not."""
+
 EMBEDDING = register_op(Op(
     name="embedding", reference=reference, tensors=("ids", "weight"), attrs={"padding_idx": int | None},
     defaults={"padding_idx": None}, differentiable=("weight",), data_dependent=("ids",), make_inputs=make_inputs,
-    draw=draw,
+    draw=draw, benchmarks=BENCHMARKS,
     examples=(
         ((((1,), "int64"), ((3, 4), "float32")), {}),
         ((((6, 5), "int64"), ((20, 8), "float32")), {"padding_idx": 0}),

@@ -63,11 +63,17 @@ def draw(rng, dtype: str) -> tuple:
     bias = ((v,), dtype) if rng.random() < 0.3 else None
     return (((n, h), dtype), ((v, h), dtype), ((n,), "int64"), bias), attrs
 
+BENCHMARKS = (
+    ((((1024, 256), "float32"), ((32000, 256), "float32"), ((1024,), "int64"), None), {}, {}),
+)
+"""The demo model's head for ``benchmarks/test_pack.py`` (``benchmarks/test_linear_cross_entropy.py`` has more)."""
+
 LINEAR_CROSS_ENTROPY = register_op(Op(
     name="linear_cross_entropy", reference=reference, tensors=("hidden", "weight", "target", "bias"),
     optional=("bias",), attrs={"ignore_index": int, "reduction": str, "softcap": float | None},
     defaults={"ignore_index": -100, "reduction": "mean", "softcap": None},
     differentiable=("hidden", "weight", "bias"), data_dependent=("target",), make_inputs=make_inputs, draw=draw,
+    benchmarks=BENCHMARKS,
     waives={"special output gradients": "the gradients are computed in the forward and scaled by the loss's "
             "gradient in the backward: an infinite or nan loss gradient (a diverged step) gives inf where the "
             "expression's sums of infinities of both signs give nan"},

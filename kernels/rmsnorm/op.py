@@ -63,6 +63,10 @@ def draw(rng, dtype: str) -> tuple:
     weight = None if offset == 0.0 and rng.random() < 0.2 else (shape[-1:], dtype)
     return ((shape, dtype), weight), {"eps": rng.choice([1e-6, 1e-5]), "offset": offset}
 
+BENCHMARKS = tuple((((shape, "float32"), (shape[-1:], "float32")), {}, {})
+                   for shape in ((8, 64), (512, 256), (4, 256, 256), (2048, 512), (8192, 1024)))
+"""Real models' call sites for ``benchmarks/test_pack.py``: hidden sizes 64 to 1024, up to 8192 tokens."""
+
 RMSNORM = register_op(Op(
     name="rmsnorm",
     reference=reference,
@@ -71,7 +75,7 @@ RMSNORM = register_op(Op(
     attrs={"eps": float, "offset": float},
     defaults={"eps": 1e-6, "offset": 0.0},
     differentiable=("x", "weight"),
-    make_inputs=make_inputs, draw=draw,
+    make_inputs=make_inputs, draw=draw, benchmarks=BENCHMARKS,
     examples=(
         ((((1, 7), "float32"), ((7,), "float32")), {}),
         ((((33, 129), "float32"), ((129,), "float32")), {}),

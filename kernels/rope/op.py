@@ -55,10 +55,20 @@ def draw(rng, dtype: str) -> tuple:
     cb = rng.choice([b, 1])  # Hugging Face passes batch 1 without position_ids
     return (((b, hq, s, d), dtype), ((b, hk, s, d), dtype), ((cb, s, d), dtype), ((cb, s, d), dtype)), {}
 
+BENCHMARKS = (
+    # Hugging Face's q/k: ``x.view(b, s, h, d).transpose(1, 2)``, needing a gradient; grouped k heads
+    ((((4, 4, 256, 64), "float32", (256 * 4 * 64, 64, 4 * 64, 1), True),
+      ((4, 2, 256, 64), "float32", (256 * 2 * 64, 64, 2 * 64, 1), True),
+      ((1, 256, 64), "float32"), ((1, 256, 64), "float32")), {}, {}),
+    ((((8, 8, 512, 64), "float32"), ((8, 8, 512, 64), "float32"), ((8, 512, 64), "float32"),
+      ((8, 512, 64), "float32")), {}, {}),
+)
+"""Call sites for ``benchmarks/test_pack.py``."""
+
 ROPE = register_op(Op(
     name="rope", reference=reference, tensors=("q", "k", "cos", "sin"), outputs=2,
     differentiable=("q", "k", "cos", "sin"), sources=(("q", "cos", "sin"), ("k", "cos", "sin")),
-    make_inputs=make_inputs, draw=draw,
+    make_inputs=make_inputs, draw=draw, benchmarks=BENCHMARKS,
     examples=(
         ((((1, 1, 1, 2), "float32"), ((1, 1, 1, 2), "float32"), ((1, 1, 2), "float32"), ((1, 1, 2), "float32")),
          {}),

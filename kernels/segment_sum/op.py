@@ -43,9 +43,15 @@ def draw(rng, dtype: str) -> tuple:
     segments = rng.randint(min(n, 1), 2 * n or 1)  # more than rows, at times: some stay empty
     return ((src, dtype), ((n,), "int64")), {"num_segments": segments}
 
+BENCHMARKS = tuple(((((65536, 64), "float32"), ((65536,), "int64")), {"num_segments": 4096},
+                    {"dist": dist, "sort": sort})
+                   for dist in ("uniform", "zipf") for sort in (False, True))
+"""Graph-network sized scatters for ``benchmarks/test_pack.py``."""
+
 SEGMENT_SUM = register_op(Op(
     name="segment_sum", reference=reference, tensors=("src", "index"), attrs={"num_segments": int},
     defaults={}, differentiable=("src",), data_dependent=("index",), make_inputs=make_inputs, draw=draw,
+    benchmarks=BENCHMARKS,
     examples=(
         ((((1, 3), "float32"), ((1,), "int64")), {"num_segments": 1}),
         ((((40, 7), "float32"), ((40,), "int64")), {"num_segments": 9}),

@@ -32,9 +32,15 @@ def draw(rng, dtype: str) -> tuple:
     shape = rows(rng, size(rng, 400))
     return ((shape, dtype),), {"dim": rng.choice([-1, len(shape) - 1])}
 
+BENCHMARKS = (
+    ((((256, 128), "float32"),), {}, {}),
+    ((((8, 4, 256, 256), "float32"),), {}, {}),  # attention scores: batch, heads, queries, keys
+)
+"""Call sites for ``benchmarks/test_pack.py``."""
+
 SOFTMAX = register_op(Op(
     name="softmax", reference=reference, tensors=("x",), attrs={"dim": int}, defaults={"dim": -1},
-    differentiable=("x",), make_inputs=make_inputs, draw=draw,
+    differentiable=("x",), make_inputs=make_inputs, draw=draw, benchmarks=BENCHMARKS,
     examples=(
         ((((1, 5), "float32"),), {}),
         ((((37, 129), "float32"),), {}),

@@ -26,9 +26,13 @@ def draw(rng, dtype: str) -> tuple:
     shape = rows(rng, size(rng, 400))
     return ((shape, dtype), (shape, dtype)), {}
 
+BENCHMARKS = tuple((((shape, "float32"), (shape, "float32")), {}, {})
+                   for shape in ((64, 256), (4, 256, 512), (2048, 2048)))
+"""MLP widths for ``benchmarks/test_pack.py``."""
+
 SWIGLU = register_op(Op(
     name="swiglu", reference=reference, tensors=("gate", "up"), differentiable=("gate", "up"),
-    make_inputs=make_inputs, draw=draw,
+    make_inputs=make_inputs, draw=draw, benchmarks=BENCHMARKS,
     examples=(
         ((((1, 3), "float32"), ((1, 3), "float32")), {}),
         ((((7, 333), "float32"), ((7, 333), "float32")), {}),
