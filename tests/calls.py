@@ -9,13 +9,15 @@ from dataclasses import dataclass
 import torch
 
 import nki_autotune.kernels as nk
+from nki_autotune.kernels._template import SQUARED_RELU
 from nki_autotune.registry import Key, Op, call, get_op
 
 from .helpers import key_of
 from .parallel import SEED
 
-PACK: tuple[Op, ...] = tuple(get_op(name) for name in nk.OPS)
-"""Every op of the pack, as ``nki_autotune.kernels`` finds them."""
+PACK: tuple[Op, ...] = (*(get_op(name) for name in nk.OPS), SQUARED_RELU)
+"""Every op of the pack, as ``nki_autotune.kernels`` finds them, and the contract's example op
+(``kernels/_template/``): the generic tests hold it to what they hold the pack's ops to."""
 
 
 @dataclass
