@@ -26,6 +26,9 @@ from ..shared.cpu import (
 from .op import SQUARED_RELU, fake
 
 BLOCKS = (4096, 65536)
+SERIAL_BELOW = 2_097_152
+"""Elements below which the default config (``on`` without a table) uses one thread: SwiGLU's, a pass of the same
+cost per element, taken as it is (measure the op's own with ``benchmarks/test_threads.py``; docs/benchmarks.md)."""
 
 
 def _forward_body(x, block, y):
@@ -83,6 +86,6 @@ def constraint(config: dict, key: Key) -> bool:
 CPU_BLOCKS = register_impl(Impl(
     op=SQUARED_RELU, name="cpu_blocks", backend="cpu", forward=forward, backward=backward, fake=fake,
     supports=supports, space={"threads": thread_choices(), "block": BLOCKS},  # what the tuner searches
-    default={"threads": max_threads(), "block": 65536}, constraint=constraint, fit=fit_threads(1 << 21),
+    default={"threads": max_threads(), "block": 65536}, constraint=constraint, fit=fit_threads(SERIAL_BELOW),
     reads={"x": ("x",)},  # the gradient reads x only: the output is not saved
 ))
