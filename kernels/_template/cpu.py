@@ -9,20 +9,8 @@ import numpy as np
 from numba import prange
 
 from ...registry import Impl, Key, register_impl
-from ..shared.cpu import (
-    ELEMENTWISE,
-    FLOATS,
-    array,
-    cast_to,
-    empty_like,
-    f32,
-    fit_threads,
-    kernel,
-    launch,
-    max_threads,
-    require,
-    thread_choices,
-)
+from ..shared.cpu import ELEMENTWISE, FLOATS, array, cast_to, empty_like, f32, kernel, launch, require
+from ..shared.threads import fit_threads, max_threads, thread_choices
 from .op import SQUARED_RELU, fake
 
 BLOCKS = (4096, 65536)

@@ -38,16 +38,14 @@ from ..shared.cpu import (
     empty,
     exp32,
     f32,
-    fit_threads,
     fmax32,
     helper,
     kernel,
     launch,
-    max_threads,
     require,
     rounded,
-    thread_choices,
 )
+from ..shared.threads import fit_threads, max_threads, thread_choices
 from .op import ATTENTION, fake, shape_problem
 
 BLOCKS_Q = (32, 64, 128, 256)
@@ -348,10 +346,7 @@ def constraint(config: dict, key: Key) -> bool:
 
 SERIAL_BELOW = 32_768
 """Elements of q below which the default config (what ``on`` runs where no table names a config) uses one
-thread: from this size up a second thread paid in both modes, on this project's 2-core machine, quiet
-(``.venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``;
-one / two threads, medians of 15 interleaved rounds; at 32768 elements
-(1 x 4 x 128 x 64, causal): forward 271.7 / 168.3 us, forward+backward 1299.3 / 847.4 us)."""
+thread: measured per kernel (docs/benchmarks.md, "One thread or two")."""
 
 
 CPU_FLASH = register_impl(Impl(

@@ -31,19 +31,17 @@ from ..shared.cpu import (
     exp32,
     f32,
     finite32,
-    fit_threads,
     helper,
     kernel,
     launch,
     max_sumexp,
-    max_threads,
     out_of_range,
     require,
     softplus64,
     tanh32,
-    thread_choices,
 )
-from ..shared.loss_weights import token_weight
+from ..shared.loss import token_weight
+from ..shared.threads import fit_threads, max_threads, thread_choices
 from .op import CROSS_ENTROPY, fake, shape_problem
 
 
@@ -176,10 +174,7 @@ def constraint(config: dict, key: Key) -> bool:
 
 SERIAL_BELOW = 2_097_152
 """Elements of logits below which the default config (what ``on`` runs where no table names a config) uses one
-thread: a second thread did not pay at any size up to it, on this project's 2-core machine while shared with other
-work (``.venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``;
-one / two threads, medians of 15 interleaved rounds; the largest size of its ladder:
-2097152 elements (8192 x 256): forward 2245 / 15948 us, forward+backward 17237 / 31727 us)."""
+thread: measured per kernel (docs/benchmarks.md, "One thread or two")."""
 
 
 CPU_ROWS = register_impl(Impl(

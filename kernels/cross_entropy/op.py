@@ -9,13 +9,7 @@ import torch.nn.functional as F
 
 from ...registry import Key, Op, register_op
 from ..shared.draws import size
-
-REDUCTIONS = ("mean", "sum")
-
-
-def capped(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
-    """``softcap * tanh(logits / softcap)``, or the logits as they are for None."""
-    return logits if softcap is None else softcap * torch.tanh(logits / softcap)
+from ..shared.loss import REDUCTIONS, cap_problem, capped
 
 
 def reference(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
@@ -51,12 +45,6 @@ def shape_problem(specs, attrs: dict) -> str | None:
     return cap_problem(attrs.get("softcap"))
 
 
-def cap_problem(cap: float | None) -> str | None:
-    if cap is not None and not 0 < cap < float("inf"):
-        return f"softcap={cap} (supports a finite positive cap)"
-    return None
-
-
 def kernel_problem(specs, attrs: dict) -> str | None:
     """What the NKI kernels decline alike: ``shape_problem``, empty logits, other dtypes."""
     why = shape_problem(specs, attrs)
@@ -75,6 +63,7 @@ def draw(rng, dtype: str) -> tuple:
     attrs = {"ignore_index": rng.choice([-100, 0, 3]), "reduction": rng.choice(REDUCTIONS),
              "softcap": rng.choice([None, None, 30.0])}
     return (((n, v), dtype), ((n,), "int64")), attrs
+
 
 BENCHMARKS = (
     ((((64, 2048), "float32"), ((64,), "int64")), {}, {}),

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ..shared.cpu import FLOATS, array, empty, fit_threads, max_threads, out_of_range, require, rounded, thread_choices
+from ..shared.cpu import FLOATS, array, empty, out_of_range, require, rounded
 from ..shared.indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
+from ..shared.threads import fit_threads, max_threads, thread_choices
 from .op import EMBEDDING, fake, padding_row
 
 
@@ -49,9 +50,7 @@ def constraint(config: dict, key: Key) -> bool:
 
 SERIAL_BELOW = 8_192
 """Elements of ids below which the default config (what ``on`` runs where no table names a config) uses one
-thread: from this size up a second thread paid in both modes, on this project's 2-core machine, quiet
-(``.venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``; one / two threads, medians of 15
-interleaved rounds; at 8192 ids of a 512 x 64 table: forward 60.0 / 43.9 us, forward+backward 848.9 / 765.1 us)."""
+thread: measured per kernel (docs/benchmarks.md, "One thread or two")."""
 
 
 CPU_GATHER = register_impl(Impl(

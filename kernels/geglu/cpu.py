@@ -1,4 +1,4 @@
-"""GeGLU on the CPU (numba): SwiGLU's loops (``swiglu.cpu.gated_kernels``) with the tanh-approximated GELU.
+"""GeGLU on the CPU (numba): the gated pass (``shared/gated_cpu.py``) with the tanh-approximated GELU.
 
 PyTorch's function, ``gelu(x) = 0.5 x (1 + t)`` with ``t = tanh(z)``, ``z = sqrt(2/pi) (x + 0.044715 x^3)``, and
 its derivative ``0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)``, taken through the logistic
@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..shared.cpu import exp32, inline
-from ..swiglu.cpu import gated_backward, gated_forward, gated_impl, gated_kernels
-from ..swiglu.op import fake
+from ..shared.gated import fake
+from ..shared.gated_cpu import gated_backward, gated_forward, gated_impl, gated_kernels
 from .op import GEGLU
 
 _BETA = np.float32(0.7978845608028654)  # sqrt(2 / pi), as PyTorch's M_SQRT2 * M_2_SQRTPI * 0.5
@@ -65,9 +65,6 @@ def backward(grads, tensors, results, attrs, config, needs):
 
 SERIAL_BELOW = 32_768
 """Elements of gate below which the default config (what ``on`` runs where no table names a config) uses one
-thread: from this size up a second thread paid in both modes, on this project's 2-core machine, quiet
-(``.venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``; one / two threads, medians of 15
-interleaved rounds; at 32768 elements (128 x 256): forward 29.7 / 24.7 us, forward+backward 108.8 / 100.2 us). Its
-tanh makes each element dearer than SwiGLU's, whose second thread paid at no size up to 2097152."""
+thread: measured per kernel (docs/benchmarks.md, "One thread or two")."""
 
-CPU_FUSED = gated_impl(GEGLU, forward, backward, fake, serial_below=SERIAL_BELOW)
+CPU_FUSED = gated_impl(GEGLU, forward, backward, fake, SERIAL_BELOW)

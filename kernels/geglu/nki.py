@@ -1,4 +1,4 @@
-"""GeGLU in NKI: SwiGLU's tiling (``swiglu.nki.gated_fwd``/``gated_bwd``) with the tanh-approximated GELU:
+"""GeGLU in NKI: the gated tiling (``shared/gated_nki.py``) with the tanh-approximated GELU:
 ``gelu_apprx_tanh`` on ScalarE forward; backward, with th = tanh(sqrt(2/pi) * x * (1 + 0.044715 x^2)),
 ``gelu(x) = 0.5 x (1 + th)`` and ``gelu'(x) = 0.5 (1 + th) + 0.5 sqrt(2/pi) x (1 - th^2) (1 + 3 * 0.044715 x^2)``
 (PyTorch's formula), on ScalarE (square, tanh) and VectorE."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 
 from ..nki import nisa, nki, nl
-from ..swiglu.nki import gated_backward, gated_bwd, gated_forward, gated_fwd, gated_impl
-from ..swiglu.op import fake
+from ..shared.gated import fake
+from ..shared.gated_nki import gated_backward, gated_bwd, gated_forward, gated_fwd, gated_impl
 from .op import GEGLU
 
 _BETA = math.sqrt(2.0 / math.pi)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ...registry import Op, register_op
-from ..swiglu.op import draw, make_inputs
+from ..shared.gated import draw, make_inputs
 
 
 def reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

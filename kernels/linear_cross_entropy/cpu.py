@@ -38,18 +38,16 @@ from ..shared.cpu import (
     cap_into,
     exp32,
     finite32,
-    fit_threads,
     helper,
     kernel,
     launch,
     max_sumexp,
-    max_threads,
     out_of_range,
     require,
     softplus64,
-    thread_choices,
 )
-from ..shared.loss_weights import token_weight
+from ..shared.loss import token_weight
+from ..shared.threads import fit_threads, max_threads, thread_choices
 from .op import LINEAR_CROSS_ENTROPY, fake, shape_problem
 
 CHUNKS = (64, 128, 256, 512, 1024)
@@ -243,10 +241,7 @@ def constraint(config: dict, key: Key) -> bool:
 
 SERIAL_BELOW = 8_192
 """Elements of hidden below which the default config (what ``on`` runs where no table names a config) uses one
-thread: from this size up a second thread paid in both modes, on this project's 2-core machine, quiet
-(``.venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``;
-one / two threads, medians of 15 interleaved rounds; at 8192 elements
-(128 x 64 tokens, 256 classes): forward 183.0 / 168.3 us, forward+backward 316.6 / 301.0 us)."""
+thread: measured per kernel (docs/benchmarks.md, "One thread or two")."""
 
 
 LOGITS_BUDGET = 120 * 2**20

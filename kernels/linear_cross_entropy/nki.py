@@ -25,7 +25,7 @@ from ...registry import Impl, Key, TensorSpec, register_impl
 from ..nki import nisa, nki, nl
 from ..nki.launch import int32_column, run
 from ..nki.tiles import P_MAX, ROWS, fits_sbuf, indirect_problem, mine, tiles
-from ..shared.loss_weights import weights
+from ..shared.loss import weights
 from ..shared.nki_loss_rows import columns, finish, online_step, softcap, targets, times_cap_slope
 from .op import LINEAR_CROSS_ENTROPY, shape_problem
 

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from ...registry import Key, Op, register_op
-from ..cross_entropy.op import REDUCTIONS, cap_problem, capped
 from ..shared.draws import size
+from ..shared.loss import REDUCTIONS, cap_problem, capped
 
 
 def reference(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,

@@ -29,23 +29,21 @@ from ..shared.cpu import (
     cast_to,
     empty_like,
     f32,
-    fit_threads,
     helper,
     kernel,
     launch,
-    max_threads,
     rounded,
     row,
     rows_of,
-    thread_choices,
 )
+from ..shared.threads import fit_threads, max_threads, thread_choices
 from .op import RMSNORM, fake, scale, shape_problem
 
 ROWS_PER_TASK = (1, 4, 16, 64, 256)
 _COLS = 256  # columns per task of the dweight reduction
 _PARALLEL_SUM = 1 << 17
 """Partial sums (tasks x columns) from which their reduction runs in parallel: below, waking the other threads
-costs about what they save (128 x 512 partials in a training step: 40 us parallel)."""
+costs about what they save."""
 
 
 def _forward_body(xp, span, stride, xs, w, offset, eps, rows, n, yp, rp):
@@ -204,10 +202,7 @@ def constraint(config: dict, key: Key) -> bool:
 
 SERIAL_BELOW = 2_097_152
 """Elements of x below which the default config (what ``on`` runs where no table names a config) uses one
-thread: a second thread did not pay at any size up to it, on this project's 2-core machine while shared with other
-work (``.venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``;
-one / two threads, medians of 15 interleaved rounds; the largest size of its ladder:
-2097152 elements (8192 x 256): forward 7297 / 16837 us, forward+backward 20561 / 36192 us)."""
+thread: measured per kernel (docs/benchmarks.md, "One thread or two")."""
 
 
 def _fit(key: Key) -> dict[str, int]:

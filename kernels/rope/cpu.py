@@ -25,16 +25,14 @@ from ..shared.cpu import (
     cast_to,
     empty,
     f32,
-    fit_threads,
     fma32,
     helper,
     kernel,
     launch,
-    max_threads,
     require,
     rounded,
-    thread_choices,
 )
+from ..shared.threads import fit_threads, max_threads, thread_choices
 from .op import ROPE, shape_problem
 
 POSITIONS = (1, 8, 64)
@@ -242,10 +240,7 @@ def constraint(config: dict, key: Key) -> bool:
 
 SERIAL_BELOW = 524_288
 """Elements of q below which the default config (what ``on`` runs where no table names a config) uses one
-thread: from this size up a second thread paid in both modes, on this project's 2-core machine, quiet
-(``.venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``; one / two threads, medians of 15
-interleaved rounds; at 524288 elements (1 x 4 x 2048 x 64): forward 956.1 / 617.3 us, forward+backward
-7474.9 / 6269.0 us)."""
+thread: measured per kernel (docs/benchmarks.md, "One thread or two")."""
 
 
 CPU_POSITIONS = register_impl(Impl(

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ..shared.cpu import FLOATS, array, empty, fit_threads, max_threads, out_of_range, require, rounded, thread_choices
+from ..shared.cpu import FLOATS, array, empty, out_of_range, require, rounded
 from ..shared.indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
+from ..shared.threads import fit_threads, max_threads, thread_choices
 from .op import SEGMENT_SUM, fake, shape_problem
 
 
@@ -49,10 +50,7 @@ def constraint(config: dict, key: Key) -> bool:
 
 SERIAL_BELOW = 2_097_152
 """Elements of src below which the default config (what ``on`` runs where no table names a config) uses one
-thread: a second thread did not pay at any size up to it, on this project's 2-core machine while shared with other
-work (``.venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``;
-one / two threads, medians of 15 interleaved rounds; the largest size of its ladder:
-2097152 elements (8192 x 256, 32 segments): forward 586 / 898 us, forward+backward 1417 / 9472 us)."""
+thread: measured per kernel (docs/benchmarks.md, "One thread or two")."""
 
 
 CPU_SCATTER = register_impl(Impl(

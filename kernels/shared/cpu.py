@@ -232,8 +232,8 @@ def cap_into(xs, cap, ys):
 PART = 512
 """Columns per step of the one-pass max and sum (2 KiB of float32): a part's max and its exponentials are taken
 while it sits in L1, so a row longer than the caches is read from memory once, and the next parts stream in while
-this one's exponentials are computed (cross-entropy's forward at 1024 x 32000: 3.3 ms in parts of 256-512
-columns, 3.9 in parts of 1024, 4.5 in two passes over each row)."""
+this one's exponentials are computed (faster than parts of 1024 or two passes: docs/benchmarks.md, "Figures behind
+the code")."""
 
 
 @inline
@@ -387,41 +387,6 @@ def empty_like(t: torch.Tensor) -> torch.Tensor:
 def rounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A float32 result ``t`` in ``dtype`` (rounded to nearest even for bfloat16; ``t`` itself for float32)."""
     return t if dtype is _F32 else t.to(dtype)
-
-
-def max_threads() -> int:
-    return int(numba.config.NUMBA_NUM_THREADS)
-
-
-def input_elements(key) -> int:
-    """The work of a call as the elements of its first input (the measure ``SERIAL_BELOW`` counts in)."""
-    return math.prod(key.inputs[0].shape)
-
-
-def threads_for(work: int, serial_below: int) -> int:
-    """One thread below ``serial_below`` (the work at which a second thread starts to pay, measured per kernel by
-    ``benchmarks/test_threads.py``), else every thread."""
-    return 1 if work < serial_below else max_threads()
-
-
-def fit_threads(serial_below: int, work: Callable = input_elements, serial: dict | None = None) -> Callable:
-    """An impl's ``fit``: the default config's ``threads`` for the call's work (``work(key)``, in elements), and
-    ``serial``'s params with one thread (where the default's other params need several)."""
-    def fit(key) -> dict[str, int]:
-        threads = threads_for(work(key), serial_below)
-        return {"threads": threads, **(serial or {} if threads == 1 else {})}
-
-    return fit
-
-
-def thread_choices() -> tuple[int, ...]:
-    """1, 2, 4, ... up to this machine's core count."""
-    out, n = [], 1
-    while n < max_threads():
-        out.append(n)
-        n *= 2
-    out.append(max_threads())
-    return tuple(sorted(set(out)))
 
 
 def _leading(shape: tuple[int, ...], strides: tuple[int, ...]) -> list[tuple[int, int]]:

@@ -1,15 +1,15 @@
 """Memory for the CPU kernels' large outputs, reused once the last tensor over it is gone.
 
 glibc maps every block of 32 MiB or more on its own and unmaps it when freed, so each new output that large
-faults in its 4 KiB pages one by one on the first write, and the kernel zeroes each: filling a new 2048 x 32000
-float32 tensor takes 47 ms where refilling one takes 8 (``benchmarks/test_first_touch.py``), more than a
-cross-entropy's whole backward into it. A training step makes the same large outputs every step (the
+faults in its 4 KiB pages one by one on the first write, and the kernel zeroes each: filling a new one takes several
+times what refilling one does, more than a cross-entropy's whole backward into it (docs/benchmarks.md, "Figures
+behind the code"). A training step makes the same large outputs every step (the
 cross-entropy's gradient, a large embedding's weight gradient), so the kernels keep those blocks and hand one out
 again once no tensor uses it: a caching allocator for these sizes only, as PyTorch's CUDA allocator is for all.
 Below 32 MiB glibc maps a block on its own or reuses freed memory depending on the largest block freed so far in
 the process, so an output just under it (the example's 31.25 MiB embedding gradient) is fast or slow by the
 history of the process; the pool does not take those, as a kept block sits idle through the rest of the step (the
-embedding's through the step's peak: 5% more peak memory in the example, ``benchmarks/test_memory.py``).
+embedding's through the step's peak: more peak memory in the example, ``benchmarks/test_memory.py``).
 Each size keeps at most ``PER_SIZE`` blocks and all together at most ``LIMIT`` bytes; beyond that an output is
 an ordinary allocation. The compiler's code gets no such reuse: a kernel's gain here is real but belongs to
 the allocation, not the arithmetic (the benchmarks show both sides' bandwidth).

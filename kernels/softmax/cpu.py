@@ -25,17 +25,15 @@ from ..shared.cpu import (
     exp32,
     f32,
     finite32,
-    fit_threads,
     fmax32,
     holds_f32,
     kernel,
     launch,
     max_sumexp,
-    max_threads,
     require,
     rows_view,
-    thread_choices,
 )
+from ..shared.threads import fit_threads, max_threads, thread_choices
 from .op import SOFTMAX, dim_problem, fake
 
 
@@ -126,10 +124,7 @@ def constraint(config: dict, key: Key) -> bool:
 
 SERIAL_BELOW = 2_097_152
 """Elements of x below which the default config (what ``on`` runs where no table names a config) uses one
-thread: a second thread did not pay at any size up to it, on this project's 2-core machine while shared with other
-work (``.venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``;
-one / two threads, medians of 15 interleaved rounds; the largest size of its ladder:
-2097152 elements (8192 x 256): forward 1394 / 22895 us, forward+backward 19771 / 50062 us)."""
+thread: measured per kernel (docs/benchmarks.md, "One thread or two")."""
 
 
 CPU_ROWS = register_impl(Impl(

@@ -5,26 +5,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...registry import Key, Op, register_op
-from ..shared.draws import rows, size
+from ...registry import Op, register_op
+from ..shared.gated import draw, make_inputs
 
 
 def reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
-
-def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, **_) -> tuple[torch.Tensor, ...]:
-    return tuple(2.0 * torch.randn(s.shape, generator=gen, dtype=getattr(torch, s.dtype)) for s in key.inputs)
-
-
-def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor]:
-    g, _ = tensors
-    return (g.new_empty(g.shape),)
-
-
-def draw(rng, dtype: str) -> tuple:
-    shape = rows(rng, size(rng, 400))
-    return ((shape, dtype), (shape, dtype)), {}
 
 BENCHMARKS = tuple((((shape, "float32"), (shape, "float32")), {}, {})
                    for shape in ((64, 256), (4, 256, 512), (2048, 2048)))

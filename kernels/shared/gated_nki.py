@@ -1,0 +1,124 @@
+"""What the gated activations ``act(gate) * up`` (SwiGLU, GeGLU) share in NKI: the activation on ScalarE and the
+product on VectorE, tile by tile over [rows, columns]; backward dgate = dy * up * act'(gate), dup = dy * act(gate).
+
+gate and up are read in place in any layout whose last dim is contiguous (``launch.strided_rows``: Phi-3's halves of
+its fused ``gate_up_proj``, rows strided): each tile through an access pattern; dy, the output and the gradients are
+contiguous."""
+
+from __future__ import annotations
+
+import math
+
+from ...registry import Impl, Key, TensorSpec, register_impl
+from ..nki import nisa, nl
+from ..nki.launch import run, strided_rows
+from ..nki.tiles import ROWS, fits_sbuf, mine, strided_row_tiles, tiles
+
+COLS = (512, 2048)
+_ITEM = {"float32": 4, "bfloat16": 2}
+
+
+def _both(glead, ulead, p):
+    """The row tiles of gate and up (one shape: the same rows), each tile's (first row, rows, gate's start and step,
+    up's start and step)."""
+    for (_, r0, n, ga, gs), (_, _, _, ua, us) in zip(strided_row_tiles(glead, p), strided_row_tiles(ulead, p)):
+        yield r0, n, ga, gs, ua, us
+
+
+def gated_fwd(gate, glead, up, ulead, f, rows_per_tile, cols, act):
+    """``act(gate) * up``, traced inside a kernel: ``act`` is an activation function token (``nl.silu``); gate and
+    up: rows of f elements laid out as ``glead`` and ``ulead`` (``launch.strided_rows``)."""
+    n_rows = math.prod(n for n, _ in glead)
+    p = rows_per_tile
+    out = nl.ndarray((n_rows, f), dtype=gate.dtype, buffer=nl.shared_hbm)
+    for r0, n, ga, gs, ua, us in mine(_both(glead, ulead, p)):
+        for _, c0, m in tiles(f, cols):
+            g = nl.ndarray((p, cols), dtype=gate.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=g[0:n, 0:m], src=gate.ap(pattern=[[gs, n], [1, m]], offset=ga + c0))
+            u = nl.ndarray((p, cols), dtype=up.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=u[0:n, 0:m], src=up.ap(pattern=[[us, n], [1, m]], offset=ua + c0))
+            s = nl.ndarray((p, cols), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=s[0:n, 0:m], op=act, data=g[0:n, 0:m])
+            o = nl.ndarray((p, cols), dtype=gate.dtype, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=o[0:n, 0:m], data1=s[0:n, 0:m], data2=u[0:n, 0:m], op=nl.multiply)
+            nisa.dma_copy(dst=out[r0:r0 + n, c0:c0 + m], src=o[0:n, 0:m])
+    return out
+
+
+def gated_bwd(dy, gate, glead, up, ulead, rows_per_tile, cols, act_tiles):
+    """dgate = dy * up * act'(gate), dup = dy * act(gate), traced inside a kernel: ``act_tiles(g, t, n, m)`` writes
+    act(g) into the float32 tile ``t`` and returns a float32 tile of act'(g) (``t`` is free again after dup); dy:
+    [N, f], gate and up as ``gated_fwd`` takes them."""
+    n_rows, f = dy.shape
+    p = rows_per_tile
+    dgate = nl.ndarray((n_rows, f), dtype=gate.dtype, buffer=nl.shared_hbm)
+    dup = nl.ndarray((n_rows, f), dtype=up.dtype, buffer=nl.shared_hbm)
+    for r0, n, ga, gs, ua, us in mine(_both(glead, ulead, p)):
+        for _, c0, m in tiles(f, cols):
+            g = nl.ndarray((p, cols), dtype=gate.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=g[0:n, 0:m], src=gate.ap(pattern=[[gs, n], [1, m]], offset=ga + c0))
+            u = nl.ndarray((p, cols), dtype=up.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=u[0:n, 0:m], src=up.ap(pattern=[[us, n], [1, m]], offset=ua + c0))
+            gy = nl.ndarray((p, cols), dtype=dy.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=gy[0:n, 0:m], src=dy[r0:r0 + n, c0:c0 + m])
+            t = nl.ndarray((p, cols), dtype=nl.float32, buffer=nl.sbuf)
+            d = act_tiles(g, t, n, m)
+            du = nl.ndarray((p, cols), dtype=up.dtype, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=du[0:n, 0:m], data1=gy[0:n, 0:m], data2=t[0:n, 0:m], op=nl.multiply)
+            nisa.dma_copy(dst=dup[r0:r0 + n, c0:c0 + m], src=du[0:n, 0:m])
+            nisa.tensor_tensor(dst=d[0:n, 0:m], data1=d[0:n, 0:m], data2=u[0:n, 0:m], op=nl.multiply)
+            dg = nl.ndarray((p, cols), dtype=gate.dtype, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=dg[0:n, 0:m], data1=d[0:n, 0:m], data2=gy[0:n, 0:m], op=nl.multiply)
+            nisa.dma_copy(dst=dgate[r0:r0 + n, c0:c0 + m], src=dg[0:n, 0:m])
+    return dgate, dup
+
+
+def _rows(t):
+    return t.reshape(-1, t.shape[-1] if t.dim() else 1)
+
+
+def gated_forward(kernel, tensors, config):
+    g, u = tensors
+    out = run(kernel, g.device)(*strided_rows(g, u), g.shape[-1], config["rows_per_tile"], config["cols"])
+    return (out.reshape(g.shape).to(g.device),)
+
+
+def gated_backward(kernel, grads, tensors, config):
+    (dy,), (g, u) = grads, tensors
+    dg, du = run(kernel, g.device)(_rows(dy), *strided_rows(g, u), config["rows_per_tile"], config["cols"])
+    return dg.reshape(g.shape).to(g.device), du.reshape(u.shape).to(u.device)
+
+
+def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
+    g, u = specs
+    if g.shape != u.shape or not g.shape or g.numel == 0:
+        return f"shapes {list(g.shape)} and {list(u.shape)} (same non-empty shape, no broadcasting)"
+    if g.dtype not in _ITEM or u.dtype != g.dtype:
+        return f"dtypes {g.dtype}, {u.dtype} (supports float32 or bfloat16, the same for both)"
+    if g.layout[-1] != 1 or u.layout[-1] != 1:
+        return "a last dim that is not contiguous"
+    return None
+
+
+def gated_constraint(temporaries: int):
+    """The constraint of a gated impl whose backward holds ``temporaries`` float32 tiles besides its five of the
+    inputs' dtype (dy, gate, up, dup, dgate)."""
+    def constraint(config: dict, key: Key) -> bool:
+        shape, dtype = key.inputs[0].shape, key.inputs[0].dtype
+        width = shape[-1]
+        rows = 1
+        for s in shape[:-1]:
+            rows *= s
+        if config["cols"] > max(min(COLS), width) or config["rows_per_tile"] > max(32, rows):
+            return False  # tiles larger than the tensor only waste SBUF
+        return fits_sbuf(config["cols"] * (5 * _ITEM[dtype] + 4 * temporaries))
+    return constraint
+
+
+def gated_impl(op, forward, backward, fake, temporaries: int) -> Impl:
+    """The NKI impl ``nki_tiled`` of a gated op ``act(gate) * up``."""
+    return register_impl(Impl(
+        op=op, name="nki_tiled", backend="neuron", forward=forward, backward=backward, fake=fake, supports=supports,
+        space={"rows_per_tile": ROWS, "cols": COLS}, default={"rows_per_tile": 128, "cols": 512},
+        constraint=gated_constraint(temporaries),
+    ))
