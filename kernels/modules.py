@@ -13,12 +13,11 @@ forwards; patching twice changes nothing; a patched model copies and pickles as 
 
 from __future__ import annotations
 
-import inspect
 from functools import partial
 
 from torch import nn
 
-from .shared.hooks import ModuleHook, hooks_of
+from .shared.hooks import ModuleHook, hooks_of, op_keywords, op_signature
 
 HOOKS: dict[str, ModuleHook] = hooks_of("MODULE")
 """Each op's module hook, from its folder."""
@@ -50,13 +49,10 @@ def patch_modules(model: nn.Module, **ops: bool) -> dict[str, int]:
     (``rmsnorm=False`` leaves those as they are); returns the number of call sites of each op that now run the
     pack. A module with a forward of its own set on the instance (another library's, or ``hf.patch``'s) is refused
     before anything is bound."""
-    unknown = sorted(set(ops) - set(OPS))
-    if unknown:
-        raise TypeError(f"nki_autotune.kernels.patch_modules() got unexpected keyword argument(s) "
-                        f"{', '.join(unknown)}; the ops it patches: {', '.join(OPS)}")
+    wanted = op_keywords("nki_autotune.kernels.patch_modules", ops, OPS)
     todo = []
     for op, name, module in _candidates(model):
-        if not ops.get(op, True) or _patched_op(module) == op:
+        if not wanted[op] or _patched_op(module) == op:
             continue
         if "forward" in module.__dict__:
             raise ValueError(
@@ -69,10 +65,7 @@ def patch_modules(model: nn.Module, **ops: bool) -> dict[str, int]:
     return {op: len(names) for op, names in module_sites(model).items()}
 
 
-patch_modules.__signature__ = inspect.Signature(
-    [inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=nn.Module)]
-    + [inspect.Parameter(op, inspect.Parameter.KEYWORD_ONLY, default=True, annotation=bool) for op in OPS],
-    return_annotation=dict[str, int])
+patch_modules.__signature__ = op_signature(OPS)
 
 
 def unpatch_modules(model: nn.Module) -> None:

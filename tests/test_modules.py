@@ -162,3 +162,13 @@ def test_a_forward_set_by_someone_else_is_refused_before_anything_is_bound():
         nk.patch_modules(model)
     assert nk.module_sites(model) == {"rmsnorm": [], "embedding": []}
     assert nk.patch_modules(model, rmsnorm=False) == {"rmsnorm": 0, "embedding": 1}
+
+
+def test_each_op_with_a_module_hook_is_a_keyword_and_any_other_is_refused():
+    import inspect
+
+    model = torch.nn.Sequential(torch.nn.Embedding(5, 3))
+    assert list(inspect.signature(nk.patch_modules).parameters)[1:] == list(nk.modules.OPS)
+    with pytest.raises(TypeError, match="rmsnorms.*the ops it patches: embedding, rmsnorm"):
+        nk.patch_modules(model, rmsnorms=False)
+    assert "forward" not in model[0].__dict__  # refused: nothing bound

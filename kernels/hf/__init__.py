@@ -28,13 +28,12 @@ common: the families, the version check, the refusals, binding and unbinding, th
 
 from __future__ import annotations
 
-import inspect
 import sys
 from collections.abc import Iterator
 
 from torch import nn
 
-from ..shared.hooks import FamilyHook, hooks_of
+from ..shared.hooks import FamilyHook, hooks_of, op_keywords, op_signature
 from . import routes as _routes
 from .families import FAMILIES, Family, UnsupportedModel, families_of
 from .routes import check_routable
@@ -51,7 +50,7 @@ def patch(model: nn.Module, **ops: bool) -> dict[str, int]:
     keyword (``rmsnorm=False`` leaves the model's RMSNorm as it is); every check runs before anything is bound: a
     refused model is left as it was. ``linear_cross_entropy=False`` keeps the logits of a training step with labels
     (the loss then runs ``nk.cross_entropy`` on them)."""
-    wanted = _wanted("patch", ops)
+    wanted = op_keywords("nki_autotune.kernels.hf.patch", ops, OPS)
     check_version()
     todo = []
     routed: dict[int, set[str]] = {}  # per attention module, the ops its forward routes
@@ -80,19 +79,7 @@ def patch(model: nn.Module, **ops: bool) -> dict[str, int]:
     return {op: len(names) for op, names in sites(model).items()}
 
 
-patch.__signature__ = inspect.Signature(
-    [inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=nn.Module)]
-    + [inspect.Parameter(op, inspect.Parameter.KEYWORD_ONLY, default=True, annotation=bool) for op in OPS],
-    return_annotation=dict[str, int])
-
-
-def _wanted(fn: str, ops: dict[str, bool]) -> dict[str, bool]:
-    """Each op's keyword (True where not given); an error naming the ones allowed for any other."""
-    unknown = sorted(set(ops) - set(OPS))
-    if unknown:
-        raise TypeError(f"nki_autotune.kernels.hf.{fn}() got unexpected keyword argument(s) {', '.join(unknown)}; "
-                        f"the ops it patches: {', '.join(OPS)}")
-    return {op: bool(ops.get(op, True)) for op in OPS}
+patch.__signature__ = op_signature(OPS)
 
 
 def unpatch(model: nn.Module) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -54,7 +55,7 @@ class Route:
 class FamilyHook:
     """The op in the modules of a Hugging Face family: ``find`` yields (qualified name, module) of each module of a
     model that the family's patching matches exactly; ``bind`` gives what is set in its ``slot`` (the instance's
-    ``forward``, or ``_loss_function`` behind a model's ``loss_function``), by default the family's forward
+    ``forward``, or ``_loss_function`` behind a model's ``loss_function``), e.g. ``family_forward``'s
     ``partial(forward, module)``; ``forwards`` are every function it binds (how a patched module is told);
     ``check`` refuses, before anything is bound, a module whose class computes the op elsewhere in this
     transformers; ``route`` (instead of ``bind``) routes a name of the modeling module in the attention found."""
@@ -78,6 +79,24 @@ def family_forward(forwards: dict[str, Callable], pick: Callable[[Family], str])
     """A ``bind`` that binds ``forwards[pick(family)]`` on the module: a partial, not a bound method, so a patched
     model pickles and copies (a method pickles by its name)."""
     return lambda module, family: partial(forwards[pick(family)], module)
+
+
+def op_keywords(where: str, given: dict[str, bool], ops: tuple[str, ...]) -> dict[str, bool]:
+    """A patcher's keyword per op (True where not given); an error naming the ops it takes for any other."""
+    unknown = sorted(set(given) - set(ops))
+    if unknown:
+        raise TypeError(f"{where}() got unexpected keyword argument(s) {', '.join(unknown)}; the ops it patches: "
+                        f"{', '.join(ops)}")
+    return {op: bool(given.get(op, True)) for op in ops}
+
+
+def op_signature(ops: tuple[str, ...]) -> inspect.Signature:
+    """``(model, *, <op>=True, ...) -> dict[str, int]``: what a patcher taking ``**ops`` shows to ``help`` and
+    ``inspect``."""
+    P = inspect.Parameter
+    return inspect.Signature([P("model", P.POSITIONAL_OR_KEYWORD, annotation=nn.Module)]
+                             + [P(op, P.KEYWORD_ONLY, default=True, annotation=bool) for op in ops],
+                             return_annotation=dict[str, int])
 
 
 def forward_uses(cls: type, name: str) -> bool:
