@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 
 # Warm compiler caches that live with the checkout, not in /tmp. Inductor's cache does not see a custom op's
 # fake change shape, so its folder is named by the source of the kernels and the registry.
-SOURCE := $(shell cat registry/*.py kernels/*.py kernels/*/*.py 2>/dev/null | cksum | cut -d' ' -f1)
+SOURCE := $(shell cat registry/*.py registry/*/*.py kernels/*.py kernels/*/*.py 2>/dev/null | cksum | cut -d' ' -f1)
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor-$(SOURCE)
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
 

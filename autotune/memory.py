@@ -8,7 +8,7 @@ A region's peak is the most memory it holds at once above what was live before i
   offset the region's own);
 - numpy's buffers, which numpy reports to ``tracemalloc`` (an output a kernel makes with numpy, a kernel's
   scratch arrays), at their own peak; Python's own objects come with them, a few KiB;
-- every block of the CPU kernels' reused memory (``kernels.shared.outputs``) that the region takes an output from,
+- every block of the CPU kernels' reused memory (``registry.cpu.outputs``) that the region takes an output from,
   whole, as held through the region: the pool keeps it, in use or not. A block the pool makes during the region is a
   numpy buffer already counted as one.
 
@@ -83,7 +83,7 @@ def peak_bytes(fn: Callable[[], object], device: str = "cpu") -> int:
     says what counts)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from ..kernels.shared import outputs as _outputs
+    from ..registry.cpu import outputs as _outputs
 
     kind = torch.device(device).type
     host = kind == "cpu"  # numpy's buffers and the pool's blocks are host memory

@@ -47,8 +47,8 @@ class Step:
 
 
 def environment(backend: Backend) -> list[tuple[str, str]]:
-    from ..kernels.nki import REAL, TARGETED, WHY_NOT_REAL
-    from ..kernels.nki.limits import limits_target
+    from ..registry.neuron.limits import limits_target
+    from ..registry.neuron.nki import REAL, TARGETED, WHY_NOT_REAL
 
     why = backend.why_unavailable()
     rows = [("neuron backend", "available" if why is None else f"unavailable: {why}")]

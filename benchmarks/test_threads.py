@@ -2,7 +2,7 @@
 every thread, on a ladder of sizes, forward and forward+backward, interleaved round by round (medians). The
 smallest size from which every thread is faster in both modes, at it and at every larger size of the ladder, is
 the kernel's ``SERIAL_BELOW`` (recorded beside it, in ``kernels/<op>/cpu.py``): below it the default config that
-``NKI_AUTOTUNE_KERNELS=on`` runs uses one thread (``kernels.shared.threads.fit_threads``).
+``NKI_AUTOTUNE_KERNELS=on`` runs uses one thread (``registry.cpu.threads.fit_threads``).
 
 Run: ``.venv/bin/python -m pytest benchmarks/test_threads.py -s -p no:randomly``.
 """
@@ -19,8 +19,8 @@ import torch
 import nki_autotune.kernels  # noqa: F401
 from nki_autotune.autotune.inputs import make_inputs
 from nki_autotune.autotune.stats import median
-from nki_autotune.kernels.shared.threads import max_threads
 from nki_autotune.registry import Key, TensorSpec, get_op
+from nki_autotune.registry.cpu.threads import max_threads
 
 ROUNDS, BUDGET_S = 15, 0.002
 """Interleaved rounds; each sample repeats its call until it has run this long."""

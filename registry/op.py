@@ -113,7 +113,7 @@ class Impl:
     fit: Callable[[Key], Mapping[str, int]] | None = None
     """The default config fitted to a call that no table names a config for (``on``, a per-op ``on``, an impl
     name): the params it returns replace the default's, e.g. ``threads`` from the work size at which a second
-    thread pays (``kernels.shared.threads.fit_threads``). None: the default as it is."""
+    thread pays (``registry.cpu.threads.fit_threads``). None: the default as it is."""
     scaled: Mapping[str, str] | None = None
     """Per differentiable input, the result (``result_<i>``) that, times the gradient of the op's only output (a
     scalar, e.g. a reduced loss), is its gradient: a fused loss that computes its gradients in the forward. The

@@ -1,8 +1,9 @@
 """Source hashes of kernels, computed from the files alone (no import, no torch).
 
 An impl's source is its module and every module of the same package family that it imports, transitively
-(a kernel's shared helpers, its op's reference), and the modules it imports of the packages it names in
-``SOURCE_FAMILIES`` (the library kernels it wraps): a change to any of them retunes the kernel. Reading imports
+(a kernel's shared helpers, its op's reference), the modules of its backend's runtime it imports (``RUNTIMES``),
+and the modules it imports of the packages it names in ``SOURCE_FAMILIES`` (the library kernels it wraps): a
+change to any of them retunes the kernel. Reading imports
 from the syntax tree rather than from loaded modules lets ``nki-autotune show`` tell a stale table entry
 without importing torch, numba or the kernels themselves.
 """
@@ -15,6 +16,11 @@ import importlib.util
 import sys
 from functools import cache
 from pathlib import Path
+
+RUNTIMES = ("nki_autotune.registry.cpu", "nki_autotune.registry.neuron.launch", "nki_autotune.registry.neuron.limits")
+"""The backends' parts a kernel runs on: the CPU runtime (compilation, views, the output pool, threads), the NKI
+launch and the per-target limits. The NKI interpreter is not among them: it stands in for ``nki`` on the CPU, for
+numerics, and a change to it changes no kernel on a device."""
 
 
 @cache
@@ -88,10 +94,11 @@ def _imports(module: str, path: Path) -> frozenset[str]:
 
 
 def source_modules(module: str) -> list[str]:
-    """``module`` and the modules of its family (and of the families it declares, ``declared_families``) it imports,
-    transitively, sorted. A module of a declared family that cannot be found here is left out."""
+    """``module`` and the modules of its family, of ``RUNTIMES`` and of the families it declares
+    (``declared_families``) it imports, transitively, sorted. A module of a declared family that cannot be found
+    here is left out."""
     root = module_file(module)
-    fams = (family(module), *(declared_families(root) if root is not None else ()))
+    fams = (family(module), *RUNTIMES, *(declared_families(root) if root is not None else ()))
     seen: set[str] = set()
     stack = [module]
     while stack:

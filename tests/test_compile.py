@@ -246,7 +246,7 @@ def test_the_first_decision_of_the_process_may_be_made_while_tracing(switches, w
 def test_a_parallel_kernel_leaves_the_callers_thread_count_and_causes_no_recompile(switches, monkeypatch):
     """numba's OpenMP layer sets the thread count PyTorch reads as well: a job that runs torch on one thread (a DDP
     rank per core) must keep it, and compiled code guards on it."""
-    from nki_autotune.kernels.shared.threads import max_threads
+    from nki_autotune.registry.cpu.threads import max_threads
 
     if max_threads() < 2:
         pytest.skip("one core: no kernel launches in parallel here")

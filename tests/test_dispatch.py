@@ -278,7 +278,7 @@ def test_on_runs_the_default_config_fitted_to_the_call(switches):
     import importlib
     import math
 
-    from nki_autotune.kernels.shared.threads import max_threads
+    from nki_autotune.registry.cpu.threads import max_threads
 
     from .helpers import key_of
 

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from nki_autotune.autotune.memory import MIB, peak_bytes
-from nki_autotune.kernels.shared import outputs as _outputs
+from nki_autotune.registry.cpu import outputs as _outputs
 
 NOISE = 16 << 10
 """Python's own objects, which tracemalloc counts with numpy's buffers: a few KiB."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nki_autotune.kernels.nki import REAL, WHY_NOT_REAL, nisa, nki, nl
+from nki_autotune.registry.neuron.nki import REAL, WHY_NOT_REAL, nisa, nki, nl
 
 RNG = np.random.default_rng()
 INTERP = pytest.mark.skipif(REAL, reason="the interpreter's own errors; the real nki raises its own")

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nki_autotune.kernels.nki import REAL, install, nisa, nki, nl
 from nki_autotune.registry.neuron import nki_problem, nki_version
+from nki_autotune.registry.neuron.nki import REAL, install, nisa, nki, nl
 
 INTERP = pytest.mark.skipif(REAL, reason="the interpreter's own semantics; the real nki is installed")
 RNG = np.random.default_rng()

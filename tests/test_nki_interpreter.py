@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from nki_autotune.kernels.nki import REAL, nisa, nki, nl
-from nki_autotune.kernels.nki.interp import NkiError
+from nki_autotune.registry.neuron.interp import NkiError
+from nki_autotune.registry.neuron.nki import REAL, nisa, nki, nl
 
 pytestmark = pytest.mark.skipif(REAL, reason="these test the project's interpreter; the real nki is installed")
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nki_autotune.kernels.nki import REAL, nisa, nki, nl
-from nki_autotune.kernels.nki.interp import NkiError
+from nki_autotune.registry.neuron.interp import NkiError
+from nki_autotune.registry.neuron.nki import REAL, nisa, nki, nl
 
 pytestmark = pytest.mark.skipif(REAL, reason="these test the project's interpreter; the real nki is installed")
 
 RNG = np.random.default_rng()
 KIB = 1024
 CAPACITY = {"trn2": 212992, "trn3": 245760}
-"""Usable SBUF bytes per partition (kernels/nki/limits.py)."""
+"""Usable SBUF bytes per partition (registry/neuron/limits.py)."""
 
 
 @pytest.fixture(params=["trn2", "trn3"])

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nki_autotune.kernels.nki import REAL, nisa, nki, nl
-from nki_autotune.kernels.nki.interp import NkiError, NkiRangeWarning
-from nki_autotune.kernels.nki.limits import TARGETS
+from nki_autotune.registry.neuron.interp import NkiError, NkiRangeWarning
+from nki_autotune.registry.neuron.limits import TARGETS
+from nki_autotune.registry.neuron.nki import REAL, nisa, nki, nl
 
 pytestmark = pytest.mark.skipif(REAL, reason="these test the project's interpreter; the real nki is installed")
 RNG = np.random.default_rng()

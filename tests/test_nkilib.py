@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-from nki_autotune.kernels.nki import REAL, install
+from nki_autotune.registry.neuron.nki import REAL, install
 
 VAR = "TEST_NKI_LIBRARY"
 BF16 = ml_dtypes.bfloat16

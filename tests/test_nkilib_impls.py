@@ -20,8 +20,8 @@ from nki_autotune.autotune.check import example_key
 from nki_autotune.autotune.inputs import make_inputs
 from nki_autotune.autotune.numerics import check_impl
 from nki_autotune.kernels import nkilib
-from nki_autotune.kernels.nki import REAL, nki
 from nki_autotune.registry import TensorSpec, get_op
+from nki_autotune.registry.neuron.nki import REAL, nki
 
 from .helpers import key_of
 from .test_cli import cli, cli_here

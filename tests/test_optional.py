@@ -14,7 +14,6 @@ import torch
 import yaml
 from torch._dynamo.utils import counters
 
-from nki_autotune.kernels.shared.cpu import require
 from nki_autotune.registry import (
     Impl,
     Op,
@@ -29,6 +28,7 @@ from nki_autotune.registry import (
     register_impl,
     register_op,
 )
+from nki_autotune.registry.cpu.runtime import require
 
 from .helpers import rel_err, run_with_grads
 from .test_compile import Graphs

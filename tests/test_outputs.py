@@ -7,9 +7,9 @@ import random
 import torch
 
 import nki_autotune.kernels as nk
-from nki_autotune.kernels.shared import outputs as _outputs
-from nki_autotune.kernels.shared.cpu import empty, empty_like
 from nki_autotune.registry import scope
+from nki_autotune.registry.cpu import outputs as _outputs
+from nki_autotune.registry.cpu.runtime import empty, empty_like
 
 from .helpers import as64, rel_err
 

@@ -12,9 +12,9 @@ import torch
 
 import nki_autotune.kernels as nk
 from nki_autotune.autotune.numerics import check_impl
-from nki_autotune.kernels.nki import REAL
-from nki_autotune.kernels.nki.interp import NkiError
 from nki_autotune.registry import Key, TensorSpec, ops
+from nki_autotune.registry.neuron.interp import NkiError
+from nki_autotune.registry.neuron.nki import REAL
 
 from .helpers import key_of
 from .parallel import SEED

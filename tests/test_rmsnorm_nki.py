@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from nki_autotune.autotune.numerics import check_impl
-from nki_autotune.kernels.nki.interp import NkiError
 from nki_autotune.kernels.rmsnorm.nki import NKI_TILED, sbuf_bytes
 from nki_autotune.kernels.rmsnorm.op import RMSNORM
 from nki_autotune.registry import Key, TensorSpec, explain, get_backend
+from nki_autotune.registry.neuron.interp import NkiError
 
 from .helpers import key_of
 

@@ -14,11 +14,11 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from nki_autotune.autotune.inputs import make_inputs
 from nki_autotune.autotune.numerics import check_impl
-from nki_autotune.kernels.nki import nki
 from nki_autotune.kernels.softmax.nki import softmax_fwd
 from nki_autotune.registry import ops
 from nki_autotune.registry.customop import build
 from nki_autotune.registry.neuron import NEURON, NeuronBackend, lnc_configured, nki_version, typed
+from nki_autotune.registry.neuron.nki import nki
 
 from .helpers import key_of
 from .torchneuron_standin import StandIn

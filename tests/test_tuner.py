@@ -230,10 +230,10 @@ def test_source_hash_covers_the_kernel_its_helpers_and_the_reference():
     from nki_autotune.registry.sources import source_modules
 
     assert source_modules("nki_autotune.kernels.embedding.cpu") == [
-        "nki_autotune.kernels.embedding.cpu", "nki_autotune.kernels.embedding.op", "nki_autotune.kernels.shared.cpu",
+        "nki_autotune.kernels.embedding.cpu", "nki_autotune.kernels.embedding.op",
         "nki_autotune.kernels.shared.draws", "nki_autotune.kernels.shared.indexed",
-        "nki_autotune.kernels.shared.indices",
-        "nki_autotune.kernels.shared.outputs", "nki_autotune.kernels.shared.threads"]
+        "nki_autotune.kernels.shared.indices", "nki_autotune.registry.cpu.outputs",
+        "nki_autotune.registry.cpu.runtime", "nki_autotune.registry.cpu.threads"]
     softmax = get_op("softmax").impls["cpu_rows"]
     assert softmax.source_hash != IMPL.source_hash and len(softmax.source_hash) == 16
 

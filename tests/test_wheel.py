@@ -93,7 +93,7 @@ wheel, venv, library = sys.argv[1], Path(sys.argv[2]).resolve(), sys.argv[3]
 import nki_autotune
 if library:  # the NKI Library's adapters import the library: a copy on the path, the interpreter as ``nki``
     sys.path.append(library)
-    from nki_autotune.kernels.nki import install
+    from nki_autotune.registry.neuron.nki import install
     install()
 assert all(Path(p).resolve().is_relative_to(venv) for p in nki_autotune.__path__), list(nki_autotune.__path__)
 assert not any("editable" in type(f).__name__.lower() or "editable" in getattr(f, "__module__", "")

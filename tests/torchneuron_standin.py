@@ -19,7 +19,7 @@ import torch
 from torch._library.infer_schema import infer_schema
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
-from nki_autotune.kernels.nki import nki
+from nki_autotune.registry.neuron.nki import nki
 
 
 class StandIn:

@@ -9,8 +9,8 @@ import numpy as np
 from numba import prange
 
 from ...registry import Impl, Key, register_impl
-from ..shared.cpu import ELEMENTWISE, FLOATS, array, cast_to, empty_like, f32, kernel, launch, require
-from ..shared.threads import fit_threads, max_threads, thread_choices
+from ...registry.cpu.runtime import ELEMENTWISE, FLOATS, array, cast_to, empty_like, f32, kernel, launch, require
+from ...registry.cpu.threads import fit_threads, max_threads, thread_choices
 from .op import SQUARED_RELU, fake
 
 BLOCKS = (4096, 65536)

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from ...registry import Impl, Key, register_impl
-from ..nki import nisa, nki, nl
-from ..nki.launch import run
-from ..nki.tiles import ROWS, fits_sbuf, mine, tiles
+from ...registry.neuron.launch import run
+from ...registry.neuron.nki import nisa, nki, nl
+from ..shared.tiles import ROWS, fits_sbuf, mine, tiles
 from .op import SQUARED_RELU, fake
 
 COLS = (512, 2048)

@@ -30,7 +30,7 @@ from numba import types as nbtypes
 from numba.extending import overload
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ..shared.cpu import (
+from ...registry.cpu.runtime import (
     FASTMATH,
     FLOATS,
     array,
@@ -45,7 +45,7 @@ from ..shared.cpu import (
     require,
     rounded,
 )
-from ..shared.threads import fit_threads, max_threads, thread_choices
+from ...registry.cpu.threads import fit_threads, max_threads, thread_choices
 from .op import ATTENTION, fake, shape_problem
 
 BLOCKS_Q = (32, 64, 128, 256)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ..nki import nisa, nki, nl
-from ..nki.launch import run
-from ..nki.tiles import P_MAX, fits_sbuf, mine, tiles
+from ...registry.neuron.launch import run
+from ...registry.neuron.nki import nisa, nki, nl
+from ..shared.tiles import P_MAX, fits_sbuf, mine, tiles
 from .op import ATTENTION, fake, shape_problem
 
 BLOCKS_K = (128, 512)

@@ -4,14 +4,14 @@ Forward keeps only each row's max and the reciprocal of its sum of exps past the
 log-sum-exp would round the log of the sum away where the max is large), never the softmax; backward
 recomputes exp(logit - max) / sum as it writes the gradient, so a large vocabulary's softmax is materialised
 once, as the gradient itself. ``online=1`` (the default) finds max and sum in one pass over memory, part by part
-(``shared.cpu.max_sumexp``), ``online=0`` in two passes over each row (the same where a row fits in L1).
+(``shared.sumexp_cpu.max_sumexp``), ``online=0`` in two passes over each row (the same where a row fits in L1).
 The target's own exponential is kept out of the sum: the loss is then softplus(log(rest) - (x_t - max)) and
 the target's gradient -rest, both exact even when the target's probability rounds to 1.
 float32 or bfloat16 logits (computed in float32, the loss summed in float64). An ignored row adds nothing to
 the loss, and its gradient is 0, or nan where its log-softmax is nan (a nan, +inf or all -inf row), as
 PyTorch's log-softmax backward gives. With ``softcap`` each row is capped into a float32 row first
-(``shared.cpu.cap_into``: cap * tanh(x / cap)) and the backward recomputes the cap as it writes the gradient, times the
-cap's derivative 1 - tanh(x / cap)^2.
+(``shared.sumexp_cpu.cap_into``: cap * tanh(x / cap)) and the backward recomputes the cap as it writes the
+gradient, times the cap's derivative 1 - tanh(x / cap)^2.
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ..shared.cpu import (
+from ...registry.cpu.runtime import (
     FASTMATH,
     FLOATS,
     array,
-    cap_into,
     cast_to,
     empty,
     exp32,
@@ -34,14 +33,13 @@ from ..shared.cpu import (
     helper,
     kernel,
     launch,
-    max_sumexp,
     out_of_range,
     require,
-    softplus64,
     tanh32,
 )
+from ...registry.cpu.threads import fit_threads, max_threads, thread_choices
 from ..shared.loss import token_weight
-from ..shared.threads import fit_threads, max_threads, thread_choices
+from ..shared.sumexp_cpu import cap_into, max_sumexp, softplus64
 from .op import CROSS_ENTROPY, fake, shape_problem
 
 

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ..shared.cpu import FLOATS, array, empty, out_of_range, require, rounded
+from ...registry.cpu.runtime import FLOATS, array, empty, out_of_range, require, rounded
+from ...registry.cpu.threads import fit_threads, max_threads, thread_choices
 from ..shared.indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
-from ..shared.threads import fit_threads, max_threads, thread_choices
 from .op import EMBEDDING, fake, padding_row
 
 

@@ -5,9 +5,9 @@ a gather-add-scatter would lose them)."""
 from __future__ import annotations
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ..nki import nki, nl
-from ..nki.launch import int32_column, run
-from ..nki.tiles import ROWS, fits_sbuf, gather_rows, indirect_problem, segment_matmul
+from ...registry.neuron.launch import int32_column, run
+from ...registry.neuron.nki import nki, nl
+from ..shared.tiles import ROWS, fits_sbuf, gather_rows, indirect_problem, segment_matmul
 from .op import EMBEDDING, fake
 
 CHUNK = (128, 512)

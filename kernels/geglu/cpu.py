@@ -8,15 +8,16 @@ about -1 (at x = -3 it keeps one digit in four); ``h`` does not, so the kernel i
 float32 or closer. It saturates where PyTorch does: ``h`` is 0 where t rounded to float32 is ±1 (x below about
 -5.3: gelu is -0 and its derivative 0, so an infinite ``up`` or output gradient gives nan as in PyTorch), and inf
 and nan land where they land in PyTorch (gelu(-inf) is nan, as ``-inf * 0``; the derivative is nan at ±inf and
-where ``x^2`` overflows, as ``0 * inf``). One ``shared.cpu.exp32`` per element, which vectorises (numba here has no
-SVML, and a libm call per element would not vectorise).
+where ``x^2`` overflows, as ``0 * inf``). One
+``registry.cpu.runtime.exp32`` per element, which vectorises (numba here has no SVML, and a libm call per element
+would not vectorise).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..shared.cpu import exp32, inline
+from ...registry.cpu.runtime import exp32, inline
 from ..shared.gated import fake
 from ..shared.gated_cpu import gated_backward, gated_forward, gated_impl, gated_kernels
 from .op import GEGLU

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from ..nki import nisa, nki, nl
+from ...registry.neuron.nki import nisa, nki, nl
 from ..shared.gated import fake
 from ..shared.gated_nki import gated_backward, gated_bwd, gated_forward, gated_fwd, gated_impl
 from .op import GEGLU

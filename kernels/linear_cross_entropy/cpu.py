@@ -2,7 +2,7 @@
 
 Per chunk of ``chunk`` tokens (as many chunks as that makes, of even sizes): the chunk's logits by a matrix product,
 then one numba kernel, parallel over the chunk's rows, caps them (``softcap``), finds each row's max and sum of
-exponentials in one pass (``shared.cpu.max_sumexp``, the target's own term left out of the sum as in
+exponentials in one pass (``shared.sumexp_cpu.max_sumexp``, the target's own term left out of the sum as in
 ``cross_entropy.cpu_rows``), writes its loss and, in training, overwrites the row with the logits' gradient (softmax
 minus the target's one-hot, scaled by the reduction, times the cap's derivative ``1 - (y / cap)^2``); then the hidden
 gradient of the chunk is ``dlogits @ W`` and the weight gradient accumulates ``dlogits^T @ h`` into one float32
@@ -31,23 +31,21 @@ import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ..shared.cpu import (
+from ...registry.cpu.runtime import (
     FASTMATH,
     FLOATS,
     array,
-    cap_into,
     exp32,
     finite32,
     helper,
     kernel,
     launch,
-    max_sumexp,
     out_of_range,
     require,
-    softplus64,
 )
+from ...registry.cpu.threads import fit_threads, max_threads, thread_choices
 from ..shared.loss import token_weight
-from ..shared.threads import fit_threads, max_threads, thread_choices
+from ..shared.sumexp_cpu import cap_into, max_sumexp, softplus64
 from .op import LINEAR_CROSS_ENTROPY, fake, shape_problem
 
 CHUNKS = (64, 128, 256, 512, 1024)

@@ -22,11 +22,11 @@ from __future__ import annotations
 import torch
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ..nki import nisa, nki, nl
-from ..nki.launch import int32_column, run
-from ..nki.tiles import P_MAX, ROWS, fits_sbuf, indirect_problem, mine, tiles
+from ...registry.neuron.launch import int32_column, run
+from ...registry.neuron.nki import nisa, nki, nl
 from ..shared.loss import weights
 from ..shared.nki_loss_rows import columns, finish, online_step, softcap, targets, times_cap_slope
+from ..shared.tiles import P_MAX, ROWS, fits_sbuf, indirect_problem, mine, tiles
 from .op import LINEAR_CROSS_ENTROPY, shape_problem
 
 CHUNK = (128, 512)

@@ -3,7 +3,7 @@
 On a Trainium host the library ships inside ``neuronx-cc`` ("bundled nkilib", ``import nkilib``; a ``pip install
 nki-library`` replaces it); anywhere else, a copy on ``sys.path`` (the folder holding ``nkilib/``: a checkout's
 ``src/nkilib_src``, e.g. ``PYTHONPATH=.../nki-library/src/nkilib_src``) with the interpreter installed as ``nki``
-(``kernels.nki.install()``) where no real nki is present. Each library kernel becomes ``<op>.nkilib_<kernel>``:
+(``registry.neuron.nki.install()``) where no real nki is present. Each library kernel becomes ``<op>.nkilib_<kernel>``:
 
 - ``rope.nkilib_hf``: ``core/embeddings/rope_hf.py``, forward and (``backward=True``) the q/k gradients;
 - ``cross_entropy.nkilib``: ``experimental/loss/cross_entropy.py``, ``cross_entropy_forward``/``_backward``;
@@ -52,7 +52,7 @@ def _load() -> str | None:
     why = _find()
     if why is not None:
         return why
-    from ..nki import install
+    from ...registry.neuron.nki import install
 
     try:
         install()

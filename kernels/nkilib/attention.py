@@ -24,10 +24,10 @@ from nkilib.core.attention.attention_bwd import attention_bwd
 from nkilib.core.attention.attention_cte import attention_cte
 
 from ...registry import Impl, TensorSpec
+from ...registry.cpu.runtime import require
+from ...registry.neuron.launch import run
 from ..attention.op import ATTENTION, fake, shape_problem
-from ..nki.launch import run
-from ..nki.tiles import P_MAX
-from ..shared.cpu import require
+from ..shared.tiles import P_MAX
 
 SOURCE_FAMILIES = ("nkilib",)
 """The library's kernels and their helpers count as this impl's source (``registry.sources``): a new release

@@ -20,10 +20,10 @@ from nkilib.experimental.loss.cross_entropy import cross_entropy_backward, cross
 
 from ...registry import Impl, Key, TensorSpec
 from ...registry.neuron import logical_cores
+from ...registry.neuron.launch import run
+from ...registry.neuron.nki import nl
 from ..cross_entropy.op import CROSS_ENTROPY, fake, kernel_problem
-from ..nki import nl
-from ..nki.launch import run
-from ..nki.tiles import P_MAX, fits_sbuf
+from ..shared.tiles import P_MAX, fits_sbuf
 
 SOURCE_FAMILIES = ("nkilib",)
 """The library's kernel and its helpers count as this impl's source (``registry.sources``): a new release retunes."""

@@ -17,12 +17,12 @@ from __future__ import annotations
 from nkilib.core.subkernels.rmsnorm_tkg import BxS_FULL_TILE_SIZE, rmsnorm_tkg
 
 from ...registry import Impl, Key, TensorSpec
+from ...registry.cpu.runtime import require
 from ...registry.neuron import logical_cores
-from ..nki import nki
-from ..nki.launch import run
-from ..nki.tiles import P_MAX, fits_sbuf
+from ...registry.neuron.launch import run
+from ...registry.neuron.nki import nki
 from ..rmsnorm.op import RMSNORM, shape_problem
-from ..shared.cpu import require
+from ..shared.tiles import P_MAX, fits_sbuf
 
 SOURCE_FAMILIES = ("nkilib",)
 """The library's kernel and its helpers count as this impl's source (``registry.sources``): a new release retunes."""

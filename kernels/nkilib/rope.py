@@ -15,11 +15,11 @@ import torch
 from nkilib.core.embeddings.rope_hf import rope_hf
 
 from ...registry import Impl, TensorSpec
+from ...registry.cpu.runtime import require
 from ...registry.neuron import logical_cores
-from ..nki.launch import run
-from ..nki.tiles import P_MAX, fits_sbuf
+from ...registry.neuron.launch import run
 from ..rope.op import ROPE, fake, rotate_half, shape_problem
-from ..shared.cpu import require
+from ..shared.tiles import P_MAX, fits_sbuf
 
 SOURCE_FAMILIES = ("nkilib",)
 """The library's kernel and its helpers count as this impl's source (``registry.sources``): a new release retunes."""

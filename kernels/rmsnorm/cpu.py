@@ -21,7 +21,7 @@ import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ..shared.cpu import (
+from ...registry.cpu.runtime import (
     ELEMENTWISE,
     FLOATS,
     array,
@@ -36,7 +36,7 @@ from ..shared.cpu import (
     row,
     rows_of,
 )
-from ..shared.threads import fit_threads, max_threads, thread_choices
+from ...registry.cpu.threads import fit_threads, max_threads, thread_choices
 from .op import RMSNORM, fake, scale, shape_problem
 
 ROWS_PER_TASK = (1, 4, 16, 64, 256)

@@ -29,10 +29,10 @@ import math
 import torch
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ..nki import nisa, nki, nl
-from ..nki.launch import run, strided_rows
-from ..nki.limits import limits_target
-from ..nki.tiles import mine, strided_row_tiles
+from ...registry.neuron.launch import run, strided_rows
+from ...registry.neuron.limits import limits_target
+from ...registry.neuron.nki import nisa, nki, nl
+from ..shared.tiles import mine, strided_row_tiles
 from .op import RMSNORM, fake, scale, shape_problem
 
 ROWS_PER_TILE = (32, 64, 128)

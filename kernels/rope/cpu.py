@@ -18,7 +18,7 @@ import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ..shared.cpu import (
+from ...registry.cpu.runtime import (
     ELEMENTWISE,
     FLOATS,
     array,
@@ -32,7 +32,7 @@ from ..shared.cpu import (
     require,
     rounded,
 )
-from ..shared.threads import fit_threads, max_threads, thread_choices
+from ...registry.cpu.threads import fit_threads, max_threads, thread_choices
 from .op import ROPE, shape_problem
 
 POSITIONS = (1, 8, 64)

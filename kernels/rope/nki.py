@@ -5,9 +5,9 @@ cos and sin tiles; backward also sums the cos and sin gradients over the heads i
 from __future__ import annotations
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ..nki import nisa, nki, nl
-from ..nki.launch import run
-from ..nki.tiles import ROWS, fits_sbuf, mine, tiles
+from ...registry.neuron.launch import run
+from ...registry.neuron.nki import nisa, nki, nl
+from ..shared.tiles import ROWS, fits_sbuf, mine, tiles
 from .op import ROPE, fake, shape_problem
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ..shared.cpu import FLOATS, array, empty, out_of_range, require, rounded
+from ...registry.cpu.runtime import FLOATS, array, empty, out_of_range, require, rounded
+from ...registry.cpu.threads import fit_threads, max_threads, thread_choices
 from ..shared.indexed import BLOCKS, SERIAL, SORTED, gather, scatter_add
-from ..shared.threads import fit_threads, max_threads, thread_choices
 from .op import SEGMENT_SUM, fake, shape_problem
 
 

@@ -4,9 +4,9 @@ indices bounds-checked in the kernel by the DMA engine; its src gradient, a row 
 from __future__ import annotations
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ..nki import nisa, nki, nl
-from ..nki.launch import int32_column, run
-from ..nki.tiles import ROWS, check_rows, gather_rows, indirect_problem, mine, segment_matmul, tiles
+from ...registry.neuron.launch import int32_column, run
+from ...registry.neuron.nki import nisa, nki, nl
+from ..shared.tiles import ROWS, check_rows, gather_rows, indirect_problem, mine, segment_matmul, tiles
 from .op import SEGMENT_SUM, fake, shape_problem
 
 CHUNK = (128, 512)

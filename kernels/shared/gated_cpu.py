@@ -13,7 +13,7 @@ import torch
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from .cpu import (
+from ...registry.cpu.runtime import (
     ELEMENTWISE,
     FLOATS,
     array,
@@ -26,7 +26,7 @@ from .cpu import (
     require,
     rows_view,
 )
-from .threads import fit_threads, max_threads, thread_choices
+from ...registry.cpu.threads import fit_threads, max_threads, thread_choices
 
 BLOCKS = (4096, 16384, 65536)
 ACT = ACT_GRAD = None

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ..nki import nisa, nl
-from ..nki.launch import run, strided_rows
-from ..nki.tiles import ROWS, fits_sbuf, mine, strided_row_tiles, tiles
+from ...registry.neuron.launch import run, strided_rows
+from ...registry.neuron.nki import nisa, nl
+from .tiles import ROWS, fits_sbuf, mine, strided_row_tiles, tiles
 
 COLS = (512, 2048)
 _ITEM = {"float32": 4, "bfloat16": 2}

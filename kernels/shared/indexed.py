@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .cpu import f32, kernel, launch
+from ...registry.cpu.runtime import f32, kernel, launch
 
 SERIAL, BLOCKS, SORTED = 0, 1, 2
 

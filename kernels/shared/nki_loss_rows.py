@@ -4,8 +4,8 @@ capped logits, and each row's loss, log-sum-exp and 1 - p_target from the runnin
 
 from __future__ import annotations
 
-from ..nki import nisa, nl
-from ..nki.tiles import check_rows
+from ...registry.neuron.nki import nisa, nl
+from .tiles import check_rows
 
 
 def columns(p, chunk):

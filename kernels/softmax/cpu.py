@@ -17,7 +17,7 @@ import numpy as np
 from numba import prange
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ..shared.cpu import (
+from ...registry.cpu.runtime import (
     FLOATS,
     as_rows,
     cast_to,
@@ -29,11 +29,11 @@ from ..shared.cpu import (
     holds_f32,
     kernel,
     launch,
-    max_sumexp,
     require,
     rows_view,
 )
-from ..shared.threads import fit_threads, max_threads, thread_choices
+from ...registry.cpu.threads import fit_threads, max_threads, thread_choices
+from ..shared.sumexp_cpu import max_sumexp
 from .op import SOFTMAX, dim_problem, fake
 
 

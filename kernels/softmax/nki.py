@@ -6,9 +6,9 @@ exact because sum(y) = 1: a peaked row then does not compute its largest gradien
 from __future__ import annotations
 
 from ...registry import Impl, Key, TensorSpec, register_impl
-from ..nki import nisa, nki, nl
-from ..nki.launch import run
-from ..nki.tiles import ROWS, fits_sbuf, mine, tiles
+from ...registry.neuron.launch import run
+from ...registry.neuron.nki import nisa, nki, nl
+from ..shared.tiles import ROWS, fits_sbuf, mine, tiles
 from .op import SOFTMAX, dim_problem, fake
 
 _ITEM = {"float32": 4, "bfloat16": 2}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..shared.cpu import exp32, inline
+from ...registry.cpu.runtime import exp32, inline
 from ..shared.gated import fake
 from ..shared.gated_cpu import gated_backward, gated_forward, gated_impl, gated_kernels
 from .op import SWIGLU

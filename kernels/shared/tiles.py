@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
-from . import nisa, nl
-from .limits import limits_target
+from ...registry.neuron.limits import limits_target
+from ...registry.neuron.nki import nisa, nl
 
 P_MAX = 128
 ROWS = (32, 64, 128)

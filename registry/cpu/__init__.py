@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from .backend import register_backend
-from .customop import define
+from ..backend import register_backend
+from ..customop import define
 
 
 @cache

@@ -1,4 +1,4 @@
-"""The one place for "NKI here": ``from nki_autotune.kernels.nki import nki, nl, nisa``.
+"""The one place for "NKI here": ``from nki_autotune.registry.neuron.nki import nki, nl, nisa``.
 
 The real ``nki``, ``nki.language`` and ``nki.isa`` where an ``nki`` of a release the kernels run on is installed
 (``registry.neuron.NKI_RANGE``: 0.7 to 0.8, Neuron 2.33-2.34; ``TARGETED``: 0.8, the release kernels and interpreter
@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from types import ModuleType
 
-from ...registry.neuron import NKI_TARGETED, nki_problem
+from . import NKI_TARGETED, nki_problem
 
 TARGETED = ".".join(map(str, NKI_TARGETED))
 WHY_NOT_REAL = nki_problem()
@@ -48,9 +48,10 @@ def install() -> ModuleType:
     present = sys.modules.get("nki")
     if present is not None and present is not nki:
         raise RuntimeError(f"an nki module is already imported and is not the interpreter ({WHY_NOT_REAL}); "
-                           "nki_autotune.kernels.nki.install() does not replace it")
+                           "nki_autotune.registry.neuron.nki.install() does not replace it")
     if present is None and not WHY_NOT_REAL.startswith(("nki cannot be imported", "nki is the project's")):
-        raise RuntimeError(f"{WHY_NOT_REAL}; nki_autotune.kernels.nki.install() does not shadow an installed nki")
+        raise RuntimeError(f"{WHY_NOT_REAL}; nki_autotune.registry.neuron.nki.install() "
+                           "does not shadow an installed nki")
     sys.modules["nki"] = nki
     sys.modules.update(nki.MODULES)
     return nki

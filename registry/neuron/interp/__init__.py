@@ -4,10 +4,10 @@ It runs NKI kernels on the CPU for numerics: documented semantics, bfloat16 thro
 filled with NaN (integers with 4) as the real simulator does, compiled loops with run-time scalars, the programs of
 an LNC launch at once (so ``nki.lnc`` exchanges meet), and the hardware limits of the target (``..limits``;
 NEURON_PLATFORM_TARGET_OVERRIDE, else the detected one, else trn3) enforced with errors that name the call and the
-rule. Its timings mean nothing. Import it through ``nki_autotune.kernels.nki``, which prefers the real ``nki``
-where a release the kernels target is installed; ``nki_autotune.kernels.nki.install()`` puts it in ``sys.modules``
-as ``nki`` (``nki.language``, ``nki.isa``, ``nki.isa.constants``, ``nki.lnc``, ``nki.typing``, ``nki.collectives``)
-where none is, so code written against ``import nki`` runs unchanged.
+rule. Its timings mean nothing. Import it through ``nki_autotune.registry.neuron.nki``, which prefers the real
+``nki`` where a release the kernels target is installed; ``nki_autotune.registry.neuron.nki.install()`` puts it in
+``sys.modules`` as ``nki`` (``nki.language``, ``nki.isa``, ``nki.isa.constants``, ``nki.lnc``, ``nki.typing``,
+``nki.collectives``) where none is, so code written against ``import nki`` runs unchanged.
 
 NKI 0.8 docs cited (Neuron 2.34): ``ANN08`` = about-neuron/announcements/neuron2.x/
 announce-intent-eos-nki-virtualregister-lnc-apis.rst (the deprecations, which point to the 2.34.0 NKI release notes

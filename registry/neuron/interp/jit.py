@@ -9,7 +9,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ....registry.neuron import lnc_configured
+from .. import lnc_configured
 from ..limits import simulated_target
 from .errors import NkiError
 from .state import Launch, Run, active, enter, leave

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from ...registry.neuron import NEURON, logical_cores, nki_release, torchneuron
-from . import nki
+from . import NEURON, logical_cores, nki_release, torchneuron
+from .nki import nki
 
 
 @cache

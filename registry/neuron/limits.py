@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ...registry.neuron import platform_target
+from . import platform_target
 
 KIB = 1024
 TARGET_VAR = "NEURON_PLATFORM_TARGET_OVERRIDE"

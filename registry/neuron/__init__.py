@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .backend import dist_version, register_backend
+from ..backend import dist_version, register_backend
 
 NKI_RANGE = ((0, 7), (0, 8))
 """The real NKI releases the kernels run on: 0.7 (Neuron 2.33, which TorchNeuron's quickstart requires: tracing
@@ -83,7 +83,7 @@ def nki_problem() -> str | None:
     if version == "absent":
         return "nki cannot be imported"
     if version.startswith("interpreter"):
-        return "nki is the project's interpreter (installed by nki_autotune.kernels.nki.install())"
+        return "nki is the project's interpreter (installed by nki_autotune.registry.neuron.nki.install())"
     parsed = _parse(version)
     low, high = (".".join(map(str, v)) for v in NKI_RANGE)
     if parsed is None or parsed < NKI_RANGE[0]:
@@ -194,7 +194,7 @@ class NeuronBackend:
 
     def custom_op(self, name: str, fn: Callable[..., Any], schema: str, overload: str = "default") -> Any:
         """``torch_neuronx.nki_op`` where TorchNeuron provides it (the body launches kernels through ``wrap_nki``:
-        see ``kernels.nki.launch``); elsewhere ``torch.library.custom_op`` for every device, so the kernels also run
+        see ``registry.neuron.launch``); elsewhere ``torch.library.custom_op`` for every device, so the kernels also run
         on CPU tensors, through the NKI simulation (numerics only). Neither names overloads, so ``overload`` is
         not used: the cache it keys (torch.compile's autograd cache) holds Inductor's graphs only."""
         nki_op = torchneuron("nki_op")
