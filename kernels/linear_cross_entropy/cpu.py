@@ -45,21 +45,13 @@ from ...registry.cpu.runtime import (
 )
 from ...registry.cpu.threads import fit_threads, max_threads, thread_choices
 from ..shared.loss import token_weight
+from ..shared.products import ONEDNN, linear, onednn_enabled
 from ..shared.sumexp_cpu import cap_into, max_sumexp, softplus64
 from .op import LINEAR_CROSS_ENTROPY, fake, shape_problem
 
 CHUNKS = (64, 128, 256, 512, 1024)
 
 
-def _onednn() -> bool:
-    """Whether this torch has oneDNN's linear (``mkldnn::_linear_pointwise``, in every x86 and Arm CPU build)."""
-    try:
-        return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._linear_pointwise is not None
-    except (AttributeError, RuntimeError):
-        return False
-
-
-ONEDNN = _onednn()
 BLOCK_BYTES = 2 * 2**20
 """Bytes of a block of the weight gradient's oneDNN products (2048 rows at H = 256 and 256 tokens): a chunk's [V, H]
 share in blocks, each added where it goes, so the share is never whole (one more weight's worth of memory, 250 MiB
@@ -131,18 +123,13 @@ def _chunk_body(x, target, ignore, cap, scale, grad, losses):
 _chunk = kernel(_chunk_body)
 
 
-def _linear(x, w, b=None):
-    """x @ w.T (+ b) by oneDNN's matmul, which picks its kernel by the CPU's instructions (AVX-512 where there is)."""
-    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
-
-
 def _add_weight_grad(dw, lg, hc, first):
     """dw (=|+=) lg^T @ hc, a block of the vocabulary at a time; hc^T made contiguous once (oneDNN's weight; a
     column slice of the logits as the weight would run in oneDNN's reference code: the demo's head took 115 s)."""
     hct = hc.t().contiguous()
     rows = block_rows(dw.shape[1], hc.shape[0])
     for j in range(0, dw.shape[0], rows):
-        part = _linear(lg[:, j:j + rows].t(), hct)  # torch copies the block's logits side by side first
+        part = linear(lg[:, j:j + rows].t(), hct)  # torch copies the block's logits side by side first
         dw[j:j + rows].copy_(part) if first else dw[j:j + rows].add_(part)
         del part  # before the next block's comes
 
@@ -175,7 +162,7 @@ def forward(tensors, attrs, config, needs):
     losses = np.zeros(n, np.float64)
     chunks = -(-n // config["chunk"])
     size = max(-(-n // max(chunks, 1)), 1)  # as many chunks as ``chunk`` tokens make, of even sizes: no short last one
-    onednn = bool(config["onednn"]) and ONEDNN and torch.backends.mkldnn.enabled
+    onednn = onednn_enabled(config["onednn"])
     if onednn:  # torch makes the input contiguous itself; oneDNN takes a weight stored either way round
         w32 = w32 if w32.is_contiguous() or w32.t().is_contiguous() else w32.contiguous()
         b32 = None if b32 is None else b32.contiguous()
@@ -184,7 +171,7 @@ def forward(tensors, attrs, config, needs):
     for i in range(0, n, size):
         hc = h32[i:i + size]
         if onednn:
-            lg = _linear(hc, w32, b32)
+            lg = linear(hc, w32, b32)
         else:
             lg = buf[:hc.shape[0]]
             torch.mm(hc, wt, out=lg) if b32 is None else torch.addmm(b32, hc, wt, out=lg)
@@ -192,7 +179,7 @@ def forward(tensors, attrs, config, needs):
                losses[i:i + size])
         if dh is not None:
             if onednn:
-                dh[i:i + size] = _linear(lg, wt)
+                dh[i:i + size] = linear(lg, wt)
             else:
                 torch.mm(lg, w32, out=dh[i:i + size])
         if dw is not None:

@@ -64,8 +64,10 @@ def kernel(fn: Callable, fastmath: set[str] = FASTMATH, bind: dict[str, Callable
     if bind:
         env = {**fn.__globals__, **bind}
         files = sorted({inspect.getfile(getattr(f, "py_func", f)) for f in bind.values()})
-        # numba's cache checks only the body's file: the bound functions' files name the build too
-        tag += "_" + hashlib.sha256(b"".join(Path(f).read_bytes() for f in files)).hexdigest()[:10]
+        # numba's cache checks only the body's file: the bound functions' files and names name the build too (two
+        # activations of one file are two builds)
+        names = "_".join(f"{k}_{getattr(f, 'py_func', f).__name__}" for k, f in sorted(bind.items()))
+        tag += "_" + hashlib.sha256(b"".join(Path(f).read_bytes() for f in files)).hexdigest()[:10] + "_" + names
 
     def build(suffix: str, **extra) -> Callable:
         # numba's on-disk cache is keyed by qualified name: each build, and each version of the helpers, its own

@@ -1,0 +1,31 @@
+"""The CPU's matrix products beside torch's BLAS: oneDNN's linear (``mkldnn::_linear_pointwise``), which picks its
+kernels by the CPU's instructions (AVX-512, AVX-512 BF16 where there are), where the compiled graph calls MKL's
+``mm``. Which is faster depends on the shape and the pass (docs/benchmarks.md): kernels make it a tuned choice."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _onednn() -> bool:
+    """Whether this torch has oneDNN's linear (in every x86 and Arm CPU build)."""
+    try:
+        return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._linear_pointwise is not None
+    except (AttributeError, RuntimeError):
+        return False
+
+
+ONEDNN = _onednn()
+
+
+def onednn_enabled(config_choice: int | bool) -> bool:
+    """A config's ``onednn`` choice, where this torch has it and it is not switched off."""
+    return bool(config_choice) and ONEDNN and torch.backends.mkldnn.enabled
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w.T (+ b) by oneDNN: a new tensor (oneDNN writes into no given buffer); w stored either way round."""
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+
+
+__all__ = ["ONEDNN", "linear", "onednn_enabled"]
