@@ -1,13 +1,13 @@
 """The experts on the CPU: the (token, expert) pairs sorted by expert once (a numba counting sort), each expert's
 rows one contiguous block, its two products on the faster library at the site (torch's BLAS, MKL's, or oneDNN's:
 a tuned choice, ``shared/products.py``), the gated activation and the routing weight fused into one numba pass over
-the block, and the K rows of each token summed back in one pass (a token's rows in a fixed order: deterministic,
-no atomics).
+the block, and each block's rows added back into their tokens (in a float32 sum, experts in order: deterministic).
 
 Backward reuses the sort: each expert's block of output gradients (gathered by the same order) through the down
 product, one fused pass giving the gate and up gradients, the routing weights' gradient and the weighted activation
 (recomputed from the saved gate and up, not stored), then the three products of the block; the hidden gradient
-summed back per token as in the forward. The products run in the inputs' dtype (bfloat16 on AVX-512 BF16 where the
+added back per token as in the forward. Only the gate and up of the routed rows [T * K, 2I] are saved; every other
+buffer is one block's. The products run in the inputs' dtype (bfloat16 on AVX-512 BF16 where the
 inputs are); the passes between them compute in float32."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from numba import njit, prange
 
 from ...registry import Impl, Key, register_impl
-from ...registry.cpu.runtime import ELEMENTWISE, FLOATS, array, cast_to, f32, kernel, launch, out_of_range
+from ...registry.cpu.runtime import ELEMENTWISE, FLOATS, array, cast_to, empty, f32, kernel, launch, out_of_range
 from ...registry.cpu.threads import fit_threads, max_threads, thread_choices
 from ..shared.activations_cpu import gelu, gelu_grad, gelu_tanh, gelu_tanh_grad, silu, silu_grad
 from ..shared.products import ONEDNN, linear, onednn_enabled
@@ -28,10 +28,9 @@ ACT = ACT_GRAD = None
 
 
 @njit(cache=True, nogil=True)
-def _route(idx, experts, order, offsets, slot):
+def _route(idx, experts, order, offsets):
     """Pairs p = t * K + k sorted by expert (stable): ``order`` the sorted pairs (those naming expert ``experts``,
-    none, at the end, not counted), ``offsets[e]:offsets[e + 1]`` expert e's rows, ``slot[p]`` pair p's row (-1 for
-    none)."""
+    none, at the end, not counted), ``offsets[e]:offsets[e + 1]`` expert e's rows."""
     counts = np.zeros(experts + 2, np.int64)
     for p in range(idx.size):
         counts[idx[p] + 1] += 1
@@ -43,7 +42,6 @@ def _route(idx, experts, order, offsets, slot):
         r = counts[e]
         counts[e] += 1
         order[r] = p
-        slot[p] = r if e < experts else -1
 
 
 def _act_body(gu, w, rows, width, a):
@@ -74,39 +72,21 @@ def _act_grad_body(gu, w, da, rows, width, dgu, a, dw):
         dw[r] = acc
 
 
-def _combine_body(rows, slot, k, out):
-    """out[t] = the sum of rows[slot[t * k + j]] over j (skipping -1): each token's K rows summed back."""
-    width = out.shape[1]
-    for t in prange(out.shape[0]):
-        acc = np.zeros(width, np.float32)
-        for j in range(k):
-            r = slot[t * k + j]
-            if r >= 0:
-                src = rows[r]
-                for c in range(width):
-                    acc[c] += f32(src[c])
-        o = out[t]
-        for c in range(width):
-            o[c] = cast_to(o, acc[c])
-
-
 _ACTS = {"silu": (silu, silu_grad), "gelu_pytorch_tanh": (gelu_tanh, gelu_tanh_grad), "gelu": (gelu, gelu_grad)}
 _KERNELS = {name: (kernel(_act_body, ELEMENTWISE, {"ACT": f}), kernel(_act_grad_body, ELEMENTWISE, {"ACT_GRAD": g}))
             for name, (f, g) in _ACTS.items()}
-_COMBINE = kernel(_combine_body)
 
 
-def routing(top_k_index: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(order [S], offsets [E + 1], slot [S]) of the pairs sorted by expert (``_route``); an index outside
-    [0, E] is an IndexError, as the expression's scatter gives."""
+def routing(top_k_index: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order [S], offsets [E + 1]) of the pairs sorted by expert (``_route``); an index outside [0, E] is an
+    IndexError, as the expression's scatter gives."""
     idx = array(top_k_index.reshape(-1).to(torch.int64).contiguous())
     bad = out_of_range(idx, experts + 1)
     if bad is not None:
         raise IndexError(f"moe_experts: top_k_index {bad} is out of bounds for {experts} experts (0..{experts})")
-    order, offsets, slot = (torch.empty(idx.size, dtype=torch.int64), torch.empty(experts + 1, dtype=torch.int64),
-                            torch.empty(idx.size, dtype=torch.int64))
-    _route(idx, experts, order.numpy(), offsets.numpy(), slot.numpy())
-    return order, offsets, slot
+    order, offsets = torch.empty(idx.size, dtype=torch.int64), torch.empty(experts + 1, dtype=torch.int64)
+    _route(idx, experts, order.numpy(), offsets.numpy())
+    return order, offsets
 
 
 def _blocks(offsets: torch.Tensor):
@@ -117,85 +97,85 @@ def _blocks(offsets: torch.Tensor):
             yield e, bounds[e], bounds[e + 1]
 
 
-def _product(x, w, out, onednn):
-    """out = x @ w.T, on oneDNN's linear or torch's mm."""
+def _unrouted(offsets: torch.Tensor):
+    bounds = offsets.tolist()
+    return [e for e in range(len(bounds) - 1) if bounds[e + 1] == bounds[e]]
+
+
+def _product(x, w, onednn, out=None):
+    """x @ w.T (into ``out`` where given), on oneDNN's linear or torch's mm."""
     if onednn:
-        out.copy_(linear(x, w))
-    else:
-        torch.mm(x, w.t(), out=out)
+        y = linear(x, w)
+        return y if out is None else out.copy_(y)
+    return torch.mm(x, w.t(), out=out) if out is not None else torch.mm(x, w.t())
+
+
+def _accumulator(like: torch.Tensor) -> torch.Tensor:
+    """Where the blocks' rows are summed back per token: float32 zeros (the result itself for float32)."""
+    return torch.zeros(like.shape, dtype=torch.float32)
 
 
 def forward(tensors, attrs, config):
     hidden, top_k_index, top_k_weights, gate_up_proj, down_proj = tensors
     t, k = top_k_index.shape
     e, i = down_proj.shape[0], down_proj.shape[2]
-    dtype, onednn = hidden.dtype, onednn_enabled(config["onednn"])
-    order, offsets, slot = routing(top_k_index, e)
+    dtype, onednn = hidden.dtype, onednn_enabled(config["fwd_onednn"])
+    order, offsets = routing(top_k_index, e)
     rows = int(offsets[-1])
-    xs = hidden.detach().index_select(0, order[:rows] // k)
+    tok = order[:rows] // k
     ws = top_k_weights.detach().reshape(-1).float().index_select(0, order[:rows])
     gu = torch.empty((t * k, 2 * i), dtype=dtype)
-    a = torch.empty((rows, i), dtype=dtype)
-    y = torch.empty((t * k, hidden.shape[1]), dtype=dtype)
-    wgu, wd = gate_up_proj.detach(), down_proj.detach()
+    x, wgu, wd = hidden.detach(), gate_up_proj.detach(), down_proj.detach()
+    acc = _accumulator(hidden)
     act = _KERNELS[attrs["act"]][0]
-    for x, lo, hi in _blocks(offsets):
-        _product(xs[lo:hi], wgu[x], gu[lo:hi], onednn)
-        launch(act, config["threads"], array(gu[lo:hi]), ws[lo:hi].numpy(), hi - lo, i, array(a[lo:hi]))
-        _product(a[lo:hi], wd[x], y[lo:hi], onednn)
-    out = torch.empty_like(hidden, memory_format=torch.contiguous_format)
-    launch(_COMBINE, config["threads"], array(y), slot.numpy(), k, array(out))
-    return out, gu, order, offsets, slot
+    for ex, lo, hi in _blocks(offsets):
+        tb = tok[lo:hi]
+        _product(x.index_select(0, tb), wgu[ex], onednn, gu[lo:hi])
+        a = torch.empty((hi - lo, i), dtype=dtype)
+        launch(act, config["threads"], array(gu[lo:hi]), ws[lo:hi].numpy(), hi - lo, i, array(a))
+        acc.index_add_(0, tb, _product(a, wd[ex], onednn).float())
+    return acc.to(dtype), gu, order, offsets
 
 
 def backward(grads, tensors, results, attrs, config, needs):
     (dout,), (hidden, top_k_index, top_k_weights, gate_up_proj, down_proj) = grads, tensors
-    _, gu, order, offsets, slot = results
+    _, gu, order, offsets = results
     t, k = top_k_index.shape
     e, h, i = down_proj.shape
     dtype, rows = hidden.dtype, int(offsets[-1])
-    dout = dout.contiguous()
+    dgrad, wgrad = onednn_enabled(config["dgrad_onednn"]), onednn_enabled(config["wgrad_onednn"])
     tok = order[:rows] // k
-    xs = hidden.detach().index_select(0, tok)
     ws = top_k_weights.detach().reshape(-1).float().index_select(0, order[:rows])
-    dys = dout.index_select(0, tok)
-    wgu, wd = gate_up_proj.detach(), down_proj.detach()
-    dgu = torch.empty((rows, 2 * i), dtype=dtype)
-    a = torch.empty((rows, i), dtype=dtype)
-    da = torch.empty((rows, i), dtype=dtype)
     dws = torch.empty(rows, dtype=torch.float32)
+    x, wgu, wd, dout = hidden.detach(), gate_up_proj.detach(), down_proj.detach(), dout.contiguous()
     need_h, need_w, need_gu, need_d = needs
-    dxs = torch.empty((t * k, h), dtype=dtype) if need_h else None
-    d_gu = torch.empty_like(wgu, memory_format=torch.contiguous_format) if need_gu else None
-    d_down = torch.empty_like(wd, memory_format=torch.contiguous_format) if need_d else None
+    dh = _accumulator(hidden) if need_h else None
+    d_gu = empty(tuple(wgu.shape), wgu.dtype) if need_gu else None  # the output pool: no first-touch faults
+    d_down = empty(tuple(wd.shape), wd.dtype) if need_d else None
+    for ex in _unrouted(offsets):  # experts no token reached: zero gradients
+        for g in (d_gu, d_down):
+            if g is not None:
+                g[ex].zero_()
     grad = _KERNELS[attrs["act"]][1]
-    hit = [False] * e
-    for x, lo, hi in _blocks(offsets):
-        hit[x] = True
-        torch.mm(dys[lo:hi], wd[x], out=da[lo:hi])
-        launch(grad, config["threads"], array(gu[lo:hi]), ws[lo:hi].numpy(), array(da[lo:hi]), hi - lo, i,
-               array(dgu[lo:hi]), array(a[lo:hi]), dws[lo:hi].numpy())
+    for ex, lo, hi in _blocks(offsets):
+        tb, n = tok[lo:hi], hi - lo
+        dy = dout.index_select(0, tb)
+        da = _product(dy, wd[ex].t(), dgrad)
+        dg, a = torch.empty((n, 2 * i), dtype=dtype), torch.empty((n, i), dtype=dtype)
+        launch(grad, config["threads"], array(gu[lo:hi]), ws[lo:hi].numpy(), array(da), n, i, array(dg), array(a),
+               dws[lo:hi].numpy())
         if need_d:
-            torch.mm(dys[lo:hi].t(), a[lo:hi], out=d_down[x])
+            _product(dy.t(), a.t(), wgrad, d_down[ex])
         if need_gu:
-            torch.mm(dgu[lo:hi].t(), xs[lo:hi], out=d_gu[x])
+            _product(dg.t(), x.index_select(0, tb).t(), wgrad, d_gu[ex])
         if need_h:
-            torch.mm(dgu[lo:hi], wgu[x], out=dxs[lo:hi])
-    for x in range(e):  # experts no token reached have zero gradients
-        if not hit[x]:
-            for g in (d_gu, d_down):
-                if g is not None:
-                    g[x].zero_()
-    dh = None
-    if need_h:
-        dh = torch.empty_like(hidden, memory_format=torch.contiguous_format)
-        launch(_COMBINE, config["threads"], array(dxs), slot.numpy(), k, array(dh))
+            dh.index_add_(0, tb, _product(dg, wgu[ex].t(), dgrad).float())
     dw = None
     if need_w:
         flat = torch.zeros(t * k, dtype=torch.float32)
         flat[order[:rows]] = dws
         dw = flat.view(t, k).to(top_k_weights.dtype)
-    return dh, dw, d_gu, d_down
+    return None if dh is None else dh.to(dtype), dw, d_gu, d_down
 
 
 def impl_fake(tensors, attrs):
@@ -204,8 +184,7 @@ def impl_fake(tensors, attrs):
     n = t * k
     e, i = down_proj.shape[0], down_proj.shape[2]
     idx = top_k_index.new_empty(n, dtype=torch.int64)
-    return (*fake(tensors, attrs), hidden.new_empty((n, 2 * i)), idx, top_k_index.new_empty(e + 1, dtype=torch.int64),
-            top_k_index.new_empty(n, dtype=torch.int64))
+    return (*fake(tensors, attrs), hidden.new_empty((n, 2 * i)), idx, top_k_index.new_empty(e + 1, dtype=torch.int64))
 
 
 def supports(specs, attrs) -> str | None:
@@ -227,8 +206,12 @@ def _work(key: Key) -> int:
     return idx.numel * gu.shape[1]
 
 
+_LIBRARIES = ("fwd_onednn", "dgrad_onednn", "wgrad_onednn")
+"""Per pass, oneDNN's products or torch's mm: the forward's two, the input gradients' two (down's and gate-and-up's),
+the weight gradients' two."""
+
 _READS = ("hidden", "top_k_index", "top_k_weights", "gate_up_proj", "down_proj", "result_1", "result_2",
-          "result_3", "result_4")
+          "result_3")
 """What every gradient reads: the inputs and the saved gate-and-up and routing (not the output)."""
 
 SERIAL_BELOW = 262_144
@@ -236,10 +219,11 @@ SERIAL_BELOW = 262_144
 
 CPU_GROUPED = register_impl(Impl(
     op=MOE_EXPERTS, name="cpu_grouped", backend="cpu", forward=forward, backward=backward, fake=impl_fake,
-    supports=supports, saved=4,
-    space={"threads": thread_choices(), "onednn": (0, 1)},
-    default={"threads": max_threads(), "onednn": int(ONEDNN)},
-    constraint=lambda config, key: ONEDNN or not config["onednn"],
+    supports=supports, saved=3,
+    space={"threads": thread_choices(), **{p: (0, 1) for p in _LIBRARIES}},
+    default={"threads": max_threads(), "fwd_onednn": int(ONEDNN), "dgrad_onednn": int(ONEDNN), "wgrad_onednn": 0},
+    constraint=lambda config, key: ONEDNN or not any(config[p] for p in _LIBRARIES),
+    backward_params=("dgrad_onednn", "wgrad_onednn"),
     fit=fit_threads(SERIAL_BELOW, _work),
     reads={name: _READS for name in MOE_EXPERTS.differentiable},
 ))
