@@ -60,12 +60,16 @@ def test_bfloat16_in_and_out_within_1e_2_of_float64(switches, op):
     kw = {"wants": op.differentiable, "names": op.tensors}
     outs, grads = run_with_grads(c.kernel_or_compiler, c.tensors, **kw)
     ref_outs, ref_grads = run_with_grads(c.reference, as64(c.tensors), grad_dtype=torch.bfloat16, **kw)
+    tol = 1e-2
+    if "bfloat16 within 1e-2" in op.waives:  # products in bfloat16: held to twice the expression's own bfloat16 error
+        exp_outs, exp_grads = run_with_grads(c.reference, c.tensors, **kw)
+        tol = max(tol, 2 * max(rel_err(o, r) for o, r in zip((*exp_outs, *exp_grads), (*ref_outs, *ref_grads))))
     for o, r in zip(outs, ref_outs):
-        assert o.dtype == torch.bfloat16 and rel_err(o, r) < 1e-2, c.label
+        assert o.dtype == torch.bfloat16 and rel_err(o, r) < tol, c.label
     floats = [t for t, n in zip(c.tensors, op.tensors) if t is not None and t.is_floating_point()
               and n in op.differentiable]
     for g, r, t in zip(grads, ref_grads, floats):
-        assert g.dtype == torch.bfloat16 and g.shape == t.shape and rel_err(g, r) < 1e-2, c.label
+        assert g.dtype == torch.bfloat16 and g.shape == t.shape and rel_err(g, r) < tol, c.label
 
 
 def test_bfloat16_rope_cos_gradient_summed_over_heads_is_within_1e_2(switches):
