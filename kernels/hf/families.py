@@ -55,6 +55,9 @@ FAMILIES = {f.model_type: f for f in (
     Family("olmo2", "Olmo2", norm="rmsnorm_float32_forward"),  # post-norms, q/k norms across all heads
     Family("granite", "Granite", fused_head=False),  # its multipliers live in the forwards left as they are
     Family("smollm3", "SmolLM3"),  # NoPE layers: their attention calls no rotary embedding and is not patched
+    # mixtures of experts: the experts (kernels/moe_experts/hooks.py); the router stays the family's
+    Family("qwen3_moe", "Qwen3Moe"), Family("mixtral", "Mixtral"),
+    Family("olmoe", "Olmoe", norm="rmsnorm_forward"),  # q/k norms across all heads, Llama's cast order
 )}
 
 
