@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -74,13 +75,19 @@ def transformed() -> bool:
     return torch._C._functorch.maybe_current_level() is not None or forward_ad._current_level >= 0
 
 
-def call(op: Op, tensors: tuple, attrs: tuple) -> Any:
-    """Run one call of ``op`` on the chosen path. The pack's public functions end here."""
+def call(op: Op, tensors: tuple, attrs: tuple, fallback: Callable[[], Any] | None = None) -> Any:
+    """Run one call of ``op`` on the chosen path. The pack's public functions end here.
+
+    ``fallback`` (a model's hook gives it) computes the same result where no kernel is chosen, in place of the
+    reference expression: the model's own code where that is cheaper than the op's expression (a mixture of experts'
+    grouped products, where the expression is dense), so switching a kernel off gives the model as it was."""
     raw = raw_of(tensors)
     grad = torch.is_grad_enabled()
     if torch.compiler.is_compiling():
-        if symbolic(raw, attrs) or transformed():  # tables speak of static shapes; transforms: see transformed
+        if transformed():  # transforms: see transformed
             return op.reference(*tensors, *attrs)
+        if symbolic(raw, attrs):  # tables speak of static shapes
+            return op.reference(*tensors, *attrs) if fallback is None else fallback()
         switches.ready()
         generation = switches.guard.generation  # a plain attribute: the graph guards on it
     else:
@@ -92,7 +99,7 @@ def call(op: Op, tensors: tuple, attrs: tuple) -> Any:
             rec.log(op, tensors, raw, attrs, grad)
     choice = decide(op.name, raw, attrs, grad, generation)
     if choice is None:
-        return op.reference(*tensors, *attrs)
+        return op.reference(*tensors, *attrs) if fallback is None else fallback()
     impl = op.impls[choice[0]]
     out = impl.fwd_op(*tensors, *attrs, *choice[1])
     if op.outputs + impl.saved == 1:

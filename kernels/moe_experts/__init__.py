@@ -6,6 +6,7 @@ import torch
 
 from ...registry import call
 from . import cpu as _cpu  # noqa: F401  (registers moe_experts.cpu_grouped)
+from . import nki as _nki  # noqa: F401  (registers moe_experts.nki_blockwise)
 from .op import MOE_EXPERTS
 
 

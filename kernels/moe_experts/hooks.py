@@ -1,6 +1,7 @@
 """Where the experts run in a model: each Hugging Face MoE family's experts module (transformers 5's
 ``@use_experts_implementation`` classes: gate_up_proj [E, 2I, H] gate rows then up rows, down_proj [E, H, I], no
-bias), its instance ``forward`` bound to ``nk.moe_experts``. The router, ``top_k`` and ``norm_topk_prob`` stay in
+bias), its instance ``forward`` bound to the op (``nk.moe_experts``'s call, with the module's own forward as the
+fallback). The router, ``top_k`` and ``norm_topk_prob`` stay in
 the family's own code: the op gets what the router gives."""
 
 from __future__ import annotations
@@ -10,14 +11,19 @@ from functools import partial
 import torch
 from torch import nn
 
+from ...registry import call
 from ..shared.hooks import FamilyHook
-from . import moe_experts
+from .op import MOE_EXPERTS
 
 
 def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                     act: str = "silu") -> torch.Tensor:
-    """``Qwen3MoeExperts.forward`` (Mixtral's and OLMoE's too): the tokens' routed experts, weighted and summed."""
-    return moe_experts(hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj, act)
+    """``Qwen3MoeExperts.forward`` (Mixtral's and OLMoE's too): the tokens' routed experts, weighted and summed.
+    Where no kernel is chosen, the module's own forward runs (the experts implementation its config names, e.g.
+    ``grouped_mm``), not the op's dense expression: a kernel switched off leaves the model as transformers runs
+    it."""
+    return call(MOE_EXPERTS, (hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj), (act,),
+                fallback=lambda: type(self).forward(self, hidden_states, top_k_index, top_k_weights))
 
 
 def _act(module: nn.Module) -> str | None:

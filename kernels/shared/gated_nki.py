@@ -73,6 +73,46 @@ def gated_bwd(dy, gate, glead, up, ulead, rows_per_tile, cols, act_tiles):
     return dgate, dup
 
 
+def silu_tiles(g, t, n, m):
+    """SiLU of g[0:n, 0:m] into t (ScalarE's ``silu``); a float32 tile of its derivative (``silu_dx``) returned."""
+    nisa.activation(dst=t[0:n, 0:m], op=nl.silu, data=g[0:n, 0:m])
+    d = nl.ndarray(t.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=d[0:n, 0:m], op=nl.silu_dx, data=g[0:n, 0:m])
+    return d
+
+
+_BETA = math.sqrt(2.0 / math.pi)
+_KAPPA = 0.044715
+
+
+def gelu_tanh_tiles(g, t, n, m):
+    """GELU (tanh) of g[0:n, 0:m] into t; a float32 tile of its derivative returned. With th = tanh(sqrt(2/pi) *
+    x * (1 + 0.044715 x^2)): ``0.5 x (1 + th)`` and ``0.5 (1 + th) + 0.5 sqrt(2/pi) x (1 - th^2) (1 + 3 * 0.044715
+    x^2)`` (PyTorch's formula), on ScalarE (square, tanh) and VectorE."""
+    g = g[0:n, 0:m]
+    sq = nl.ndarray(t.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=sq[0:n, 0:m], op=nl.square, data=g)
+    d = nl.ndarray(t.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=d[0:n, 0:m], data=sq[0:n, 0:m], op0=nl.multiply, operand0=_KAPPA, op1=nl.add,
+                       operand1=1.0)
+    nisa.scalar_tensor_tensor(dst=d[0:n, 0:m], data=g, op0=nl.multiply, operand0=_BETA, op1=nl.multiply,
+                              operand1=d[0:n, 0:m])
+    nisa.activation(dst=d[0:n, 0:m], op=nl.tanh, data=d[0:n, 0:m])  # th
+    nisa.tensor_scalar(dst=t[0:n, 0:m], data=d[0:n, 0:m], op0=nl.add, operand0=1.0, op1=nl.multiply,
+                       operand1=0.5)  # h = 0.5 (1 + th)
+    nisa.tensor_tensor(dst=d[0:n, 0:m], data1=d[0:n, 0:m], data2=d[0:n, 0:m], op=nl.multiply)
+    nisa.tensor_scalar(dst=d[0:n, 0:m], data=d[0:n, 0:m], op0=nl.multiply, operand0=-1.0, op1=nl.add,
+                       operand1=1.0)  # 1 - th^2
+    nisa.tensor_scalar(dst=sq[0:n, 0:m], data=sq[0:n, 0:m], op0=nl.multiply, operand0=3.0 * _KAPPA, op1=nl.add,
+                       operand1=1.0)
+    nisa.tensor_tensor(dst=d[0:n, 0:m], data1=d[0:n, 0:m], data2=sq[0:n, 0:m], op=nl.multiply)
+    nisa.scalar_tensor_tensor(dst=d[0:n, 0:m], data=g, op0=nl.multiply, operand0=0.5 * _BETA, op1=nl.multiply,
+                              operand1=d[0:n, 0:m])
+    nisa.tensor_tensor(dst=d[0:n, 0:m], data1=d[0:n, 0:m], data2=t[0:n, 0:m], op=nl.add)  # gelu'
+    nisa.tensor_tensor(dst=t[0:n, 0:m], data1=t[0:n, 0:m], data2=g, op=nl.multiply)  # gelu = h * x
+    return d
+
+
 def _rows(t):
     return t.reshape(-1, t.shape[-1] if t.dim() else 1)
 

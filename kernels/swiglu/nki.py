@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-from ...registry.neuron.nki import nisa, nki, nl
+from ...registry.neuron.nki import nki, nl
 from ..shared.gated import fake
-from ..shared.gated_nki import gated_backward, gated_bwd, gated_forward, gated_fwd, gated_impl
+from ..shared.gated_nki import gated_backward, gated_bwd, gated_forward, gated_fwd, gated_impl, silu_tiles
 from .op import SWIGLU
-
-
-def _silu_tiles(g, t, n, m):
-    nisa.activation(dst=t[0:n, 0:m], op=nl.silu, data=g[0:n, 0:m])
-    d = nl.ndarray(t.shape, dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=d[0:n, 0:m], op=nl.silu_dx, data=g[0:n, 0:m])
-    return d
 
 
 @nki.jit
@@ -22,7 +15,7 @@ def swiglu_fwd(gate, glead, up, ulead, f, rows_per_tile, cols):
 
 @nki.jit
 def swiglu_bwd(dy, gate, glead, up, ulead, rows_per_tile, cols):
-    return gated_bwd(dy, gate, glead, up, ulead, rows_per_tile, cols, _silu_tiles)
+    return gated_bwd(dy, gate, glead, up, ulead, rows_per_tile, cols, silu_tiles)
 
 
 def forward(tensors, attrs, config):
