@@ -9,8 +9,10 @@ comes back to it, and waits only when no other key has work left.
 
 from __future__ import annotations
 
+import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from ..registry import Backend, Entry, Impl, Key, Profile, Site, Table, get_op, ops
@@ -67,6 +69,17 @@ class Listener:
     def note(self, message: str) -> None: ...
 
 
+def _inputs_note(sites: list[Site], profile: Profile | None) -> str:
+    """Where a data-dependent op's timed inputs came from, for the entry."""
+    if profile is not None and any(profile.samples_path(s) is not None for s in sites):
+        return "recorded samples"
+    summary = next((s.summary for s in sites if s.summary), None)
+    if summary:
+        said = ", ".join(f"{k} {v:g}" for k, v in summary.items())
+        return f"no samples were kept: inputs drawn to match the recorded {said}"
+    return "no samples were kept: inputs drawn by the op's make_inputs"
+
+
 class Tuner:
     def __init__(self, backend: Backend, search: Search, bench: Bench, options: Options | None = None,
                  listener: Listener | None = None):
@@ -77,6 +90,7 @@ class Tuner:
         self.reference: float | None = None
         """The calibration region's time on this machine when quiet, from the storage (``calibration``)."""
         self._deadline = None if self.options.budget_s is None else time.monotonic() + self.options.budget_s
+        self._summaries: tempfile.TemporaryDirectory | None = None
 
     def over_budget(self) -> bool:
         return self._deadline is not None and time.monotonic() > self._deadline
@@ -178,14 +192,28 @@ class Tuner:
                        self.options.objective)
         if entry.measured:
             entry.measured["calls_per_step"] = sum(s.calls for s in sites)
+            if op.data_dependent:
+                entry.measured["inputs"] = _inputs_note(sites, profile)
         return entry
 
     def _samples(self, sites: list[Site], profile: Profile | None) -> str | None:
+        """The sites' recorded inputs; else, where the profile recorded a summary of them (``Op.summary``), a file
+        holding ``{"summary": ...}`` for ``make_inputs`` to draw inputs alike; else None."""
         for s in sites:
             path = profile.samples_path(s) if profile is not None else None
             if path is not None:
                 return str(path.resolve())
-        return None
+        summary = next((s.summary for s in sites if s.summary), None)
+        if summary is None:
+            return None
+        import torch
+
+        if self._summaries is None:
+            self._summaries = tempfile.TemporaryDirectory(prefix="nki-autotune-summaries-")
+        path = Path(self._summaries.name) / f"{abs(hash(tuple(sorted(summary.items())))):x}.pt"
+        if not path.exists():
+            torch.save({"summary": dict(summary)}, path)
+        return str(path)
 
     def _work(self, key: Key, impl: Impl, samples: str | None) -> dict:
         """What this tuner does with a claimed trial of ``impl`` at ``key``: the bench measures it."""

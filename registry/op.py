@@ -37,6 +37,10 @@ class Op:
     sources needs a gradient carries none, as the expression's does (rope's k output when only q needs one)."""
     data_dependent: tuple[str, ...] = ()
     """Tensor arguments whose values (not only shapes) set the cost, e.g. indices: recorded as samples."""
+    summary: Callable[[dict, dict], dict[str, float]] | None = None
+    """``summary(tensors, attrs)`` (tensors by name) -> a few numbers of what in the data-dependent inputs sets the
+    cost (the experts' most and mean tokens): every profile records them, samples or not, and where no samples
+    were kept the tuner's inputs are drawn to match them (``make_inputs`` gets ``{"summary": ...}``)."""
     make_inputs: Callable[..., tuple] | None = None
     """``make_inputs(key, generator, samples=None)`` -> contiguous tensors for benchmarks and numerics (anything,
     e.g. None, where the key has None)."""

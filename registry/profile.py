@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 VERSION = 2
 READS = (1, 2)
-_SITE = ("op", "site", "inputs", "attrs", "calls", "samples")
+_SITE = ("op", "site", "inputs", "attrs", "calls", "samples", "summary")
 _INPUT = ("shape", "dtype", "requires_grad", "strides")
 
 
@@ -39,6 +39,8 @@ class Site:
     calls: int = 1
     samples: str | None = None
     """Captured real inputs (a torch.save'd dict of tensors), relative to the profile."""
+    summary: dict[str, float] | None = None
+    """What ``Op.summary`` made of the first call's data-dependent inputs (recorded with or without samples)."""
 
     def label(self) -> str:
         return self.site or self.op
@@ -55,6 +57,8 @@ class Site:
         out["calls"] = self.calls
         if self.samples:
             out["samples"] = self.samples
+        if self.summary:
+            out["summary"] = FlowDict(self.summary)
         return out
 
 
@@ -104,7 +108,7 @@ def merge(profiles: list[Profile], into: str | os.PathLike) -> Profile:
             if k not in out:
                 path = p.samples_path(s)
                 samples = os.path.relpath(path.resolve(), base) if path is not None else None
-                out[k] = Site(s.op, s.inputs, dict(s.attrs), s.site, s.calls, samples)
+                out[k] = Site(s.op, s.inputs, dict(s.attrs), s.site, s.calls, samples, s.summary)
             else:
                 out[k].calls = max(out[k].calls, s.calls)
     return Profile(list(out.values()))
@@ -174,7 +178,12 @@ def _parse_site(raw: Any, path: str, i: int, ops: Mapping[str, Op]) -> Site:
     samples = f.get("samples", str, default=None)
     if samples is not None and not (Path(path).parent / samples).is_file():
         raise f.fail("samples", f"no such file {samples!r} beside the profile")
-    return Site(name, tuple(specs), attrs, label, calls, samples)
+    summary = f.get("summary", dict, default=None)
+    if summary is not None:
+        bad = [k for k, v in summary.items() if isinstance(v, bool) or not isinstance(v, (int, float))]
+        if bad:
+            raise f.fail(f"summary.{bad[0]}", f"expected a number, got {summary[bad[0]]!r}")
+    return Site(name, tuple(specs), attrs, label, calls, samples, summary)
 
 
 def load_profile(path: str | os.PathLike, ops: Mapping[str, Op]) -> Profile:

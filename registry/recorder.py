@@ -49,6 +49,7 @@ class Recorder:
         self.samples = samples
         self.counts: Counter[tuple] = Counter()
         self.captured: dict[tuple, dict[str, torch.Tensor]] = {}
+        self.summaries: dict[tuple, dict[str, float]] = {}
         self.explicit_steps = 0
         self.root_calls: Counter[int] = Counter()
         self._stack: list[torch.nn.Module] = []
@@ -117,6 +118,8 @@ class Recorder:
         key = key_of_call(op, raw, op.attr_dict(attrs), grad_enabled)
         k = (op.name, self._site(op), key.inputs, attrs)
         self.counts[k] += 1
+        if op.summary is not None and k not in self.summaries:
+            self.summaries[k] = op.summary(dict(zip(op.tensors, tensors)), op.attr_dict(attrs))
         if self.samples and op.data_dependent and k not in self.captured:
             self.captured[k] = {n: t.detach().cpu().clone() for n, t in zip(op.tensors, tensors) if t is not None}
 
@@ -128,7 +131,8 @@ class Recorder:
         steps = self.explicit_steps or max(self.root_calls.values(), default=0) or min(per_site.values(), default=1)
         sites, sample_dir = [], self.path.parent / (self.path.stem + ".samples")
         for i, ((name, label, specs, attrs), n) in enumerate(self.counts.items()):
-            site = Site(name, specs, get_op(name).attr_dict(attrs), label, max(1, round(n / steps)))
+            site = Site(name, specs, get_op(name).attr_dict(attrs), label, max(1, round(n / steps)),
+                        summary=self.summaries.get((name, label, specs, attrs)))
             if (name, label, specs, attrs) in self.captured:
                 sample_dir.mkdir(parents=True, exist_ok=True)
                 rel = f"{sample_dir.name}/{i:04d}.pt"

@@ -165,3 +165,32 @@ def test_record_samples_keep_the_routing_the_tuner_times(tmp_path, switches):
     assert torch.equal(made[1], seen[0])  # the tuner's inputs carry the recorded routing
     uniform = make_inputs(key, torch.Generator().manual_seed(0), None)[1]
     assert uniform.shape == seen[0].shape and not torch.equal(uniform, seen[0])
+
+
+def test_without_samples_the_profile_keeps_the_skew_and_the_tuner_draws_it_and_says_so(tmp_path, switches):
+    """A routing where one expert takes most tokens: the profile records its most and mean tokens per expert, the
+    inputs the tuner times are drawn to match (not uniform), and the entry names where they came from."""
+    from nki_autotune.autotune.tuner import Tuner, _inputs_note
+
+    switches(NKI_AUTOTUNE_KERNELS="on")
+    gen = torch.Generator().manual_seed(SEED)
+    t, h, i, e, k = 256, 16, 8, 16, 2
+    x, _, w, gu, down = _inputs(t, h, i, e, k, torch.float32, gen)
+    idx = make_routing(t, k, e, gen, skew=2.5)
+    path = tmp_path / "profile.yaml"
+    with record(path):
+        nk.moe_experts(x, idx, w, gu, down)
+    profile = load_profile(path, ops())
+    (site,) = profile.sites
+    counts = torch.bincount(idx.reshape(-1), minlength=e)
+    assert site.samples is None
+    assert site.summary == {"max_tokens_per_expert": int(counts.max()), "mean_tokens_per_expert": t * k / e}
+    (key, sites), = profile.keys(ops()).items()
+    tuner = Tuner.__new__(Tuner)
+    tuner._summaries = None
+    made = make_inputs(key, torch.Generator().manual_seed(0), load_samples(tuner._samples(sites, profile)))[1]
+    busiest = int(torch.bincount(made.reshape(-1), minlength=e).max())
+    uniform = int(torch.bincount(make_routing(t, k, e, torch.Generator().manual_seed(0)).reshape(-1)).max())
+    assert abs(busiest - counts.max()) < abs(uniform - counts.max()) and busiest > 2 * uniform
+    note = _inputs_note(sites, profile)
+    assert note.startswith("no samples were kept") and f"max_tokens_per_expert {int(counts.max())}" in note

@@ -70,15 +70,40 @@ def make_routing(t: int, k: int, e: int, gen: torch.Generator, skew: float = 0.0
     return torch.multinomial(probs.expand(t, e), min(k, e), replacement=False, generator=gen)
 
 
+def summary(tensors: dict, attrs: dict) -> dict[str, float]:
+    """The routing's tokens per expert, most and mean (over the E experts): what sets the kernels' cost."""
+    idx, experts = tensors["top_k_index"], tensors["gate_up_proj"].shape[0]
+    counts = torch.bincount(idx.detach().reshape(-1).cpu().long(), minlength=experts + 1)[:experts]
+    return {"max_tokens_per_expert": int(counts.max()) if experts else 0,
+            "mean_tokens_per_expert": round(float(counts.float().mean()), 3) if experts else 0.0}
+
+
+SKEWS = tuple(i / 4 for i in range(13))
+"""The Zipf exponents a routing is drawn with to match a recorded most-tokens-per-expert."""
+
+
+def matching_skew(t: int, k: int, e: int, most: float, gen: torch.Generator) -> float:
+    """The exponent of ``SKEWS`` whose routing gives its busiest expert the nearest to ``most`` tokens."""
+    def busiest(s):
+        idx = make_routing(t, k, e, torch.Generator().manual_seed(int(torch.randint(2**31, (1,), generator=gen))), s)
+        return int(torch.bincount(idx.reshape(-1), minlength=e).max()) if idx.numel() else 0
+
+    return min(SKEWS, key=lambda s: abs(busiest(s) - most))
+
+
 def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, skew: float = 0.0,
                 **_) -> tuple[torch.Tensor, ...]:
-    """The recorded routing where the profile kept it, else ``make_routing`` (the router's cost depends on how
-    many tokens each expert gets: best practice 7); weights a softmax over each token's K, as routers give."""
+    """The recorded routing where the profile kept it; else ``make_routing`` at the skew that matches the recorded
+    summary's busiest expert (``summary``), or ``skew``: the kernels' cost depends on how many tokens each expert
+    gets (best practice 7). Weights a softmax over each token's K, as routers give."""
     hidden, idx_spec, w_spec, gu, down = key.inputs
     t, k = idx_spec.shape
     e = gu.shape[0]
     idx = sample_or(samples, "top_k_index", idx_spec.shape)
     if idx is None:
+        recorded = (samples or {}).get("summary")
+        if recorded and e and t and k:
+            skew = matching_skew(t, k, e, recorded["max_tokens_per_expert"], gen)
         idx = make_routing(t, k, e, gen, skew)
     dt = getattr(torch, hidden.dtype)
     scale = hidden.shape[1] ** -0.5
@@ -118,6 +143,7 @@ MOE_EXPERTS = register_op(Op(
     tensors=("hidden", "top_k_index", "top_k_weights", "gate_up_proj", "down_proj"),
     attrs={"act": str}, defaults={"act": "silu"},
     differentiable=("hidden", "top_k_weights", "gate_up_proj", "down_proj"), data_dependent=("top_k_index",),
+    summary=summary,
     make_inputs=make_inputs, draw=draw, benchmarks=BENCHMARKS,
     waives={"bfloat16 within 1e-2": "the experts' products run in bfloat16, as transformers' do (float32 products "
                                     "would cost twice the time and a float32 copy of every expert's weights): "
