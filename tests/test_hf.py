@@ -45,7 +45,7 @@ FAMILIES = {  # config class, model class, what the family adds to the tiny conf
 }
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=96, max_position_embeddings=64, pad_token_id=0, tie_word_embeddings=False)
-_BOTH = {"rope": 2, "attention": 2, "cross_entropy": 1, "linear_cross_entropy": 1, "embedding": 1}
+_BOTH = {"rope": 2, "attention": 2, "cross_entropy": 1, "linear_cross_entropy": 1, "embedding": 1, "moe_experts": 0}
 SITES = {"llama": {"rmsnorm": 5, "swiglu": 2, "geglu": 0, **_BOTH},
          "qwen3": {"rmsnorm": 9, "swiglu": 2, "geglu": 0, **_BOTH},
          "olmo2": {"rmsnorm": 9, "swiglu": 2, "geglu": 0, **_BOTH},
