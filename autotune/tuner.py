@@ -9,11 +9,15 @@ comes back to it, and waits only when no other key has work left.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+import torch
 
 from ..registry import Backend, Entry, Impl, Key, Profile, Site, Table, get_op, ops
 from .calibration import against_reference, quiet
@@ -206,11 +210,10 @@ class Tuner:
         summary = next((s.summary for s in sites if s.summary), None)
         if summary is None:
             return None
-        import torch
-
         if self._summaries is None:
             self._summaries = tempfile.TemporaryDirectory(prefix="nki-autotune-summaries-")
-        path = Path(self._summaries.name) / f"{abs(hash(tuple(sorted(summary.items())))):x}.pt"
+        digest = hashlib.sha256(json.dumps(summary, sort_keys=True).encode()).hexdigest()[:16]
+        path = Path(self._summaries.name) / f"{digest}.pt"
         if not path.exists():
             torch.save({"summary": dict(summary)}, path)
         return str(path)

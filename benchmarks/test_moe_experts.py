@@ -2,8 +2,8 @@
 transformers 5's experts implementations on the same module (``Qwen3MoeExperts``), each compiled with
 ``torch.compile(fullgraph=True)`` where it compiles here (``eager``'s loop over the experts hit has data-dependent
 shapes and cannot; ``batched_mm`` gathers an [S, 2I, H] copy of the weights, run only where that fits in
-``BATCHED_MM_BUDGET``), and the op's own fallback (the dense expression, compiled), which is what a patched model
-runs with the kernel off.
+``BATCHED_MM_BUDGET``), and the op's dense expression, compiled: the tuner's compiler side (a patched model with
+the kernel off runs the module's own forward instead).
 
 Routing: each token's K distinct experts drawn uniformly or Zipf-skewed (``op.make_routing``), weights a softmax.
 Time: median of interleaved rounds, gradients set to None before each; each speed ratio with its 95% interval

@@ -277,8 +277,8 @@ def supports(specs, attrs) -> str | None:
     hidden, idx, w, gu, down = specs
     if any(s.dtype not in ("float32", "bfloat16") for s in (hidden, w, gu, down)):
         return "dtypes other than float32 and bfloat16"
-    if hidden.numel == 0 or idx.numel == 0:
-        return "no tokens or no experts per token"
+    if hidden.numel == 0 or idx.numel == 0 or gu.shape[0] == 0:
+        return "no tokens, no experts or no experts per token"
     return indirect_problem()
 
 

@@ -56,6 +56,8 @@ def shape_problem(specs, attrs: dict) -> str | None:
     if hh != h or i2 % 2 or tuple(down.shape) != (e, h, i2 // 2):
         return (f"gate_up_proj {list(gu.shape)} and down_proj {list(down.shape)} (supports [E, 2I, H={h}] and "
                 "[E, H, I])")
+    if idx.shape[1] > e:
+        return f"K={idx.shape[1]} experts per token of E={e} (supports K <= E)"
     if idx.dtype not in ("int64", "int32"):
         return f"top_k_index of {idx.dtype} (supports int64 or int32)"
     return None
@@ -70,10 +72,11 @@ def make_routing(t: int, k: int, e: int, gen: torch.Generator, skew: float = 0.0
     return torch.multinomial(probs.expand(t, e), min(k, e), replacement=False, generator=gen)
 
 
-def summary(tensors: dict, attrs: dict) -> dict[str, float]:
+def summary(tensors: dict, attrs: dict) -> dict[str, int | float]:
     """The routing's tokens per expert, most and mean (over the E experts): what sets the kernels' cost."""
     idx, experts = tensors["top_k_index"], tensors["gate_up_proj"].shape[0]
-    counts = torch.bincount(idx.detach().reshape(-1).cpu().long(), minlength=experts + 1)[:experts]
+    flat = idx.detach().reshape(-1).cpu().long()
+    counts = torch.bincount(flat[(flat >= 0) & (flat < experts)], minlength=experts)[:experts]
     return {"max_tokens_per_expert": int(counts.max()) if experts else 0,
             "mean_tokens_per_expert": round(float(counts.float().mean()), 3) if experts else 0.0}
 
@@ -102,7 +105,7 @@ def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, ske
     idx = sample_or(samples, "top_k_index", idx_spec.shape)
     if idx is None:
         recorded = (samples or {}).get("summary")
-        if recorded and e and t and k:
+        if recorded and "max_tokens_per_expert" in recorded and e and t and k:
             skew = matching_skew(t, k, e, recorded["max_tokens_per_expert"], gen)
         idx = make_routing(t, k, e, gen, skew)
     dt = getattr(torch, hidden.dtype)
