@@ -16,14 +16,11 @@ fixed seeds (two calls give the same weights and batches) and returns a callable
 
 from __future__ import annotations
 
-import argparse
-import time
 from collections.abc import Callable, Iterator
 
 import torch
+from steps import main, model_step
 from transformers import LlamaConfig, LlamaForCausalLM
-
-from nki_autotune.kernels.hf import patch
 
 BATCH, SEQ = 4, 256
 # A small model with a real tokenizer's vocabulary (LlamaConfig's own, 32000): the loss over it is a large part
@@ -47,54 +44,11 @@ def batches(seed: int = 0) -> Iterator[dict[str, torch.Tensor]]:
                "labels": ids.masked_fill(mask == 0, -100)}
 
 
-def optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
-    """AdamW, fused: one pass over each parameter, its moments and its gradient (11 ms a step on this model here,
-    against 72 ms for ``foreach``, which the example asked for until then, and 98 ms for the for-loop, PyTorch's
-    default on the CPU; ``foreach`` also holds a copy of the second moment's square root, 65 MiB, beside the
-    gradients: that copy, not the model, was the step's peak). Training stacks default to it (torchtitan); both sides
-    of every comparison run it."""
-    return torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-
-
 def make_step(seed: int = 0, compile: bool = True, patched: bool = True) -> Callable[[], torch.Tensor]:
     """One model (patched unless told not to), its AdamW and its data from ``seed``; the returned callable runs one
     training step."""
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**CONFIG))
-    if patched:
-        patch(model)
-    opt = optimizer(model)
-    forward = torch.compile(model, fullgraph=True, dynamic=False) if compile else model
-    data = batches(seed)
-
-    def step() -> torch.Tensor:
-        inputs = next(data)
-        opt.zero_grad(set_to_none=True)
-        loss = forward(**inputs).loss
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    return step
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--eager", action="store_true", help="do not torch.compile the model")
-    args = p.parse_args()
-    step = make_step(compile=not args.eager)
-    for _ in range(args.warmup):
-        step()
-    t0 = time.perf_counter()
-    for i in range(args.steps):
-        loss = step()
-        if i == args.steps - 1:
-            print(f"step {i + 1}: loss {loss.item():.4f}")
-    dt = (time.perf_counter() - t0) / max(1, args.steps)
-    print(f"{dt * 1e3:.1f} ms/step over {args.steps} steps")
+    return model_step(lambda: LlamaForCausalLM(LlamaConfig(**CONFIG)), batches(seed), seed, compile, patched)
 
 
 if __name__ == "__main__":
-    main()
+    main(make_step, __doc__, steps=20)

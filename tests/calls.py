@@ -48,7 +48,8 @@ def make(op: Op, example: tuple, seed: int, mode: str = "training", dtype: str |
     given, its tensors from the op's input maker."""
     inputs, extra = example
     if dtype is not None:
-        inputs = tuple(None if i is None or i[1] not in ("float32", "bfloat16") else (i[0], dtype) for i in inputs)
+        inputs = tuple(None if i is None or i[1] not in ("float32", "bfloat16") else (i[0], dtype, *i[2:])
+                       for i in inputs)
     attrs = {**op.defaults, **extra}
     key = key_of(op.name, mode, inputs, attrs)
     tensors = tuple(op.make_inputs(key, torch.Generator().manual_seed(seed)))

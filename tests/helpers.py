@@ -64,9 +64,9 @@ def float32_floor(fn, inputs: tuple, copies: int = 4, seed: int = 0, **which) ->
 
 
 def key_of(op: str, mode: str, inputs, attrs=()):
-    """The key of ``op`` on contiguous inputs given as (shape, dtype) pairs (None for an absent optional one), in
-    ``mode`` (``Key.of``'s rule); attributes not given take the op's defaults."""
+    """The key of ``op`` on inputs given as (shape, dtype) pairs, or (shape, dtype, strides) (None for an absent
+    optional one), in ``mode`` (``Key.of``'s rule); attributes not given take the op's defaults."""
     from nki_autotune.registry import Key, TensorSpec, get_op
 
-    specs = tuple(None if x is None else TensorSpec(tuple(x[0]), x[1]) for x in inputs)
+    specs = tuple(None if x is None else TensorSpec(tuple(x[0]), x[1], *x[2:]) for x in inputs)
     return Key.of(get_op(op), specs, {**get_op(op).defaults, **dict(attrs)}, mode)

@@ -45,7 +45,8 @@ FAMILIES = {  # config class, model class, what the family adds to the tiny conf
 }
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=96, max_position_embeddings=64, pad_token_id=0, tie_word_embeddings=False)
-_BOTH = {"rope": 2, "attention": 2, "cross_entropy": 1, "linear_cross_entropy": 1, "embedding": 1, "moe_experts": 0}
+_BOTH = {"rope": 2, "attention": 2, "cross_entropy": 1, "linear_cross_entropy": 1, "embedding": 1, "moe_experts": 0,
+         "linear": 14}
 SITES = {"llama": {"rmsnorm": 5, "swiglu": 2, "geglu": 0, **_BOTH},
          "qwen3": {"rmsnorm": 9, "swiglu": 2, "geglu": 0, **_BOTH},
          "olmo2": {"rmsnorm": 9, "swiglu": 2, "geglu": 0, **_BOTH},
@@ -54,7 +55,8 @@ SITES = {"llama": {"rmsnorm": 5, "swiglu": 2, "geglu": 0, **_BOTH},
          # Gemma 2 normalises before and after attention and the MLP; Gemma 3 also per head (q_norm, k_norm)
          "gemma": {"rmsnorm": 5, "swiglu": 0, "geglu": 2, **_BOTH},
          "gemma2": {"rmsnorm": 9, "swiglu": 0, "geglu": 2, **_BOTH},
-         "gemma3_text": {"rmsnorm": 13, "swiglu": 0, "geglu": 2, **_BOTH}}
+         "gemma3_text": {"rmsnorm": 13, "swiglu": 0, "geglu": 2, **_BOTH},
+         "phi3": {"rmsnorm": 5, "swiglu": 2, "geglu": 0, **_BOTH, "linear": 8}}  # fused qkv_proj, gate_up_proj
 DECLINED = {"gemma2": {"attention": 2}}
 """Patched sites whose calls take the compiler path: Gemma 2 caps its attention scores (``attn_logit_softcapping``),
 which its attention runs as transformers writes it. (Gemma 3's per-head q/k norms, on [batch, heads, seq, dim] views
@@ -501,11 +503,13 @@ def test_the_checkout_kernels_folder_does_not_shadow_hugging_face_kernels(tmp_pa
     assert r.stdout.split() == [str(installed / "__init__.py"), "True", "nki_autotune.kernels.swiglu"]
 
 
-def test_the_example_step_factory_is_reproducible():
+def test_the_example_step_factory_is_reproducible(monkeypatch):
     """examples/train.py's make_step() (verify's STEP): two calls give the same weights and batches; the step
-    returns the loss."""
+    returns the loss. Loaded as verify loads a STEP, its folder first on the path (its imports resolve as when it
+    runs)."""
     import importlib.util
 
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
     spec = importlib.util.spec_from_file_location("example_train", ROOT / "examples" / "train.py")
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)

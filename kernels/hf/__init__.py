@@ -43,14 +43,17 @@ HOOKS: dict[str, FamilyHook] = hooks_of("FAMILY")
 """Each op's Hugging Face hook, from its folder."""
 OPS = tuple(HOOKS)
 """The ops ``patch`` can bind: those whose folder has a ``FAMILY`` hook, in the pack's order."""
+KEYWORDS = {hook.keyword or op: op for op, hook in HOOKS.items()}
+"""``patch``'s keyword for each op: its name, or the hook's ``keyword`` (``projections``, ``experts``)."""
 
 
 def patch(model: nn.Module, **ops: bool) -> dict[str, int]:
     """Patch ``model`` in place; returns the number of call sites of each op that now run the pack. Each op is a
-    keyword (``rmsnorm=False`` leaves the model's RMSNorm as it is); every check runs before anything is bound: a
+    keyword (``rmsnorm=False`` leaves the model's RMSNorm as it is; ``projections`` is ``linear``'s, ``experts``
+    ``moe_experts``'s); every check runs before anything is bound: a
     refused model is left as it was. ``linear_cross_entropy=False`` keeps the logits of a training step with labels
     (the loss then runs ``nk.cross_entropy`` on them)."""
-    wanted = op_keywords("nki_autotune.kernels.hf.patch", ops, OPS)
+    wanted = {KEYWORDS[k]: v for k, v in op_keywords("nki_autotune.kernels.hf.patch", ops, tuple(KEYWORDS)).items()}
     check_version()
     todo = []
     routed: dict[int, set[str]] = {}  # per attention module, the ops its forward routes
@@ -79,7 +82,7 @@ def patch(model: nn.Module, **ops: bool) -> dict[str, int]:
     return {op: len(names) for op, names in sites(model).items()}
 
 
-patch.__signature__ = op_signature(OPS)
+patch.__signature__ = op_signature(tuple(KEYWORDS))
 
 
 def unpatch(model: nn.Module) -> None:
@@ -133,5 +136,5 @@ def _candidates(model: nn.Module, family: Family) -> Iterator[tuple[str, str, nn
             yield op, name, module
 
 
-__all__ = ["FAMILIES", "HOOKS", "OPS", "SUPPORTED", "UnsupportedModel", "UnsupportedVersion", "check_routable",
-           "check_version", "patch", "sites", "unpatch"]
+__all__ = ["FAMILIES", "HOOKS", "KEYWORDS", "OPS", "SUPPORTED", "UnsupportedModel", "UnsupportedVersion",
+           "check_routable", "check_version", "patch", "sites", "unpatch"]

@@ -20,7 +20,8 @@ from ...registry import Impl, Key, register_impl
 from ...registry.cpu.runtime import ELEMENTWISE, FLOATS, array, cast_to, empty, f32, kernel, launch, out_of_range
 from ...registry.cpu.threads import fit_threads, max_threads, thread_choices
 from ..shared.activations_cpu import gelu, gelu_grad, gelu_tanh, gelu_tanh_grad, silu, silu_grad
-from ..shared.products import ONEDNN, linear, onednn_enabled
+from ..shared.products import ONEDNN, onednn_enabled
+from ..shared.products import product as _product
 from .op import MOE_EXPERTS, fake, shape_problem
 
 ACT = ACT_GRAD = None
@@ -102,14 +103,6 @@ def _unrouted(offsets: torch.Tensor):
     return [e for e in range(len(bounds) - 1) if bounds[e + 1] == bounds[e]]
 
 
-def _product(x, w, onednn, out=None):
-    """x @ w.T (into ``out`` where given), on oneDNN's linear or torch's mm."""
-    if onednn:
-        y = linear(x, w)
-        return y if out is None else out.copy_(y)
-    return torch.mm(x, w.t(), out=out) if out is not None else torch.mm(x, w.t())
-
-
 def _accumulator(like: torch.Tensor) -> torch.Tensor:
     """Where the blocks' rows are summed back per token: float32 zeros (the result itself for float32)."""
     return torch.zeros(like.shape, dtype=torch.float32)
@@ -130,7 +123,7 @@ def forward(tensors, attrs, config):
     act = _KERNELS[attrs["act"]][0]
     for ex, lo, hi in _blocks(offsets):
         tb = tok[lo:hi]
-        _product(x.index_select(0, tb), wgu[ex], onednn, gu[lo:hi])
+        _product(x.index_select(0, tb), wgu[ex], onednn, out=gu[lo:hi])
         a = torch.empty((hi - lo, i), dtype=dtype)
         launch(act, config["threads"], array(gu[lo:hi]), ws[lo:hi].numpy(), hi - lo, i, array(a))
         acc.index_add_(0, tb, _product(a, wd[ex], onednn).float())
@@ -165,9 +158,9 @@ def backward(grads, tensors, results, attrs, config, needs):
         launch(grad, config["threads"], array(gu[lo:hi]), ws[lo:hi].numpy(), array(da), n, i, array(dg), array(a),
                dws[lo:hi].numpy())
         if need_d:
-            _product(dy.t(), a.t(), wgrad, d_down[ex])
+            _product(dy.t(), a.t(), wgrad, out=d_down[ex])
         if need_gu:
-            _product(dg.t(), x.index_select(0, tb).t(), wgrad, d_gu[ex])
+            _product(dg.t(), x.index_select(0, tb).t(), wgrad, out=d_gu[ex])
         if need_h:
             dh.index_add_(0, tb, _product(dg, wgu[ex].t(), dgrad).float())
     dw = None

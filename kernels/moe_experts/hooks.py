@@ -67,4 +67,4 @@ def _bind(module: nn.Module, family) -> partial:
     return partial(experts_forward, module, act=_act(module))
 
 
-FAMILY = FamilyHook(find=_experts, forwards=(experts_forward,), bind=_bind)
+FAMILY = FamilyHook(find=_experts, forwards=(experts_forward,), bind=_bind, keyword="experts")

@@ -66,6 +66,8 @@ class FamilyHook:
     slot: str = "forward"
     check: Callable[[nn.Module], None] | None = None
     route: Route | None = None
+    keyword: str = ""
+    """The patch's keyword for the op, where it is not the op's name (``projections`` for ``linear``)."""
 
     def bound(self, module: nn.Module) -> bool:
         """Whether this hook's binding is what ``module``'s slot holds (a route is told by its router forward)."""

@@ -28,4 +28,19 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
 
-__all__ = ["ONEDNN", "linear", "onednn_enabled"]
+def product(x: torch.Tensor, w: torch.Tensor, onednn: bool, bias: torch.Tensor | None = None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w.T (+ bias), into ``out`` where given: oneDNN's linear (w made row- or column-major where it is
+    neither; an empty contraction, which oneDNN refuses, on torch's) or torch's ``mm``/``addmm``."""
+    if onednn and x.shape[-1] > 0:
+        if not (w.is_contiguous() or w.t().is_contiguous()):
+            w = w.contiguous()
+        y = linear(x, w, None if bias is None else bias.contiguous())
+        return y if out is None else out.copy_(y)
+    wt = w.t()
+    if bias is None:
+        return torch.mm(x, wt) if out is None else torch.mm(x, wt, out=out)
+    return torch.addmm(bias, x, wt) if out is None else torch.addmm(bias, x, wt, out=out)
+
+
+__all__ = ["ONEDNN", "linear", "onednn_enabled", "product"]

@@ -4,9 +4,11 @@ work of a call (one thread below the size at which a second one pays, measured p
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numba
+import torch
 
 
 def max_threads() -> int:
@@ -42,3 +44,18 @@ def thread_choices() -> tuple[int, ...]:
         n *= 2
     out.append(max_threads())
     return tuple(sorted(set(out)))
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's own kernels (its BLAS and oneDNN products) on ``threads`` threads within, the caller's count put
+    back after (compiled code guards on it: a count left changed would recompile the model's graphs)."""
+    before = torch.get_num_threads()
+    want = max(1, min(threads, max_threads()))
+    if want != before:
+        torch.set_num_threads(want)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
