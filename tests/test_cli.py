@@ -479,12 +479,13 @@ def test_an_interrupted_run_leaves_the_table_it_would_replace_whole(tmp_path, mo
 
 @pytest.mark.timeout(900)  # one run of two keys (big enough to be measurable), on a machine with one core taken
 def test_a_cpu_hog_for_the_whole_run_flags_every_entry(tmp_path):
-    """Another process spins on a core from before the run to after it: each entry is DISTURBED in the table and in
-    ``show``, and ``run`` says how many (the load is there from the first calibration reading to the last)."""
+    """Another process spins on a core from before the run to after it: each entry (one: the hog slows the other
+    tests' worker too) is DISTURBED in the table and in ``show``, and ``run`` says how many (the load is there from
+    the first calibration reading to the last)."""
     prof = tmp_path / "p.yaml"
     prof.write_text(yaml.safe_dump({"version": 1, "sites": [
         {**GOOD, "site": f"m.{rows}", "inputs": [{"shape": [rows, 512], "dtype": "float32"},
-                                                 {"shape": [512], "dtype": "float32"}]} for rows in (64, 96)]}))
+                                                 {"shape": [512], "dtype": "float32"}]} for rows in (64,)]}))
     out = tmp_path / "t.yaml"
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
@@ -495,8 +496,8 @@ def test_a_cpu_hog_for_the_whole_run_flags_every_entry(tmp_path):
         hog.wait()
     assert r.returncode == 0, r.stderr
     entries = load_table(out).entries
-    assert len(entries) == 2 and all((e.measured.get("calibration") or {}).get("disturbed") for e in entries), \
+    assert len(entries) == 1 and all((e.measured.get("calibration") or {}).get("disturbed") for e in entries), \
         [e.measured for e in entries]
-    assert "2 of 2 entries were measured on a disturbed machine" in r.stdout
+    assert "1 of 1 entries were measured on a disturbed machine" in r.stdout
     shown = cli("show", str(out)).stdout
-    assert shown.count("DISTURBED") >= 2 and shown.count("disturbed: ") >= 2, shown
+    assert shown.count("DISTURBED") >= 1 and shown.count("disturbed: ") >= 1, shown

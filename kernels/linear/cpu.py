@@ -86,7 +86,7 @@ thousand multiply-adds takes tens of microseconds: a second thread's start costs
 CPU_PRODUCTS = register_impl(Impl(
     op=LINEAR, name="cpu_products", backend="cpu", forward=forward, backward=backward, fake=fake,
     supports=supports, space={"threads": thread_choices(), **{p: (0, 1) for p in PASSES}},
-    default={"threads": max_threads(), "fwd": int(ONEDNN), "dgrad": 0, "wgrad": int(ONEDNN)},
+    default={"threads": max_threads(), "fwd": int(ONEDNN), "dgrad": int(ONEDNN), "wgrad": 0},
     constraint=constraint, backward_params=("dgrad", "wgrad"), fit=fit_threads(SERIAL_BELOW, _work),
     reads={"x": ("weight",), "weight": ("x",), "bias": ()},
 ))
