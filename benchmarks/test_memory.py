@@ -10,6 +10,7 @@ AdamW state; no gradients). Run: ``pytest benchmarks/test_memory.py -s`` (part o
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,9 +23,12 @@ from nki_autotune.kernels import hf  # noqa: E402
 from nki_autotune.registry import scope  # noqa: E402
 
 TARGET = 1.05  # the patched model's peak may exceed the unpatched one's by 5% at most
-_spec = importlib.util.spec_from_file_location("example_train", Path(__file__).parents[1] / "examples" / "train.py")
+_EXAMPLES = Path(__file__).parents[1] / "examples"
+sys.path.insert(0, str(_EXAMPLES))  # the example's own imports (examples/steps.py) resolve as when it runs
+_spec = importlib.util.spec_from_file_location("example_train", _EXAMPLES / "train.py")
 example = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(example)
+from steps import optimizer  # noqa: E402
 
 
 def live_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
@@ -42,7 +46,7 @@ def measure(patched: bool, env: dict[str, str]) -> tuple[int, int]:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**example.CONFIG))
         if patched:
             hf.patch(model)
-        opt = example.optimizer(model)
+        opt = optimizer(model)
         forward = torch.compile(model, fullgraph=True, dynamic=False)
         data = example.batches(0)
 

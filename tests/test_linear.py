@@ -128,3 +128,30 @@ def test_the_patch_routes_each_projection_and_the_recorder_labels_it_by_module(t
     assert len(sites) == 14
     shapes = {n: tuple(s.inputs[1].shape) for n, s in sites.items()}
     assert shapes["model.layers.0.mlp.down_proj"] == (32, 80) and shapes["model.layers.1.self_attn.k_proj"] == (16, 32)
+
+
+@pytest.mark.parametrize("impl", ["cpu_products", "nki_tiled"])
+def test_each_subset_of_gradients_reads_only_what_it_needs(impl):
+    """The registry passes None for what ``reads`` leaves out: only the bias's gradient reads neither x nor the
+    weight, x's reads the weight, the weight's reads x (the NKI kernel through the interpreter)."""
+    kernel = LINEAR.impls[impl]
+    gen = torch.Generator().manual_seed(SEED + 3)
+    x, w, b = _inputs(gen, (2, 5), 12, 9, transposed=False, bias=True)
+    dy = torch.randn(2, 5, 9, generator=gen)
+    want = _expression((x, w, b), dy)[1:]
+    for needs in ((False, False, True), (True, False, False), (False, True, False), (True, False, True)):
+        reads = {n for n, need in zip(LINEAR.differentiable, needs) if need for n in kernel.reads[n]}
+        given = tuple(t if name in reads else None for t, name in zip((x, w, b), LINEAR.tensors))
+        got = kernel.backward((dy,), given, (None,), {}, kernel.default, needs)
+        for g, r, need in zip(got, want, needs):
+            assert (g is None) != need or (need and g.shape == r.shape and torch.allclose(g, r, atol=1e-5)), needs
+
+
+def test_the_patch_takes_the_new_keywords_and_the_op_names():
+    from nki_autotune.kernels import hf
+
+    assert hf.patch(_llama(), projections=False, linear_cross_entropy=False)["linear"] == 0
+    assert hf.patch(_llama(), linear=False)["linear"] == 0  # the op's name, as earlier releases took moe_experts=
+    assert hf.patch(_llama(), experts=False)["linear"] == 14
+    with pytest.raises(TypeError, match="projections"):
+        hf.patch(_llama(), projection=False)

@@ -44,7 +44,9 @@ HOOKS: dict[str, FamilyHook] = hooks_of("FAMILY")
 OPS = tuple(HOOKS)
 """The ops ``patch`` can bind: those whose folder has a ``FAMILY`` hook, in the pack's order."""
 KEYWORDS = {hook.keyword or op: op for op, hook in HOOKS.items()}
-"""``patch``'s keyword for each op: its name, or the hook's ``keyword`` (``projections``, ``experts``)."""
+"""``patch``'s keyword for each op: its name, or the hook's ``keyword`` (``projections``, ``experts``); the op's
+name is taken too (``_ALIASES``), as earlier releases took ``moe_experts=``."""
+_ALIASES = {op: op for op in HOOKS if op not in KEYWORDS}
 
 
 def patch(model: nn.Module, **ops: bool) -> dict[str, int]:
@@ -53,7 +55,10 @@ def patch(model: nn.Module, **ops: bool) -> dict[str, int]:
     ``moe_experts``'s); every check runs before anything is bound: a
     refused model is left as it was. ``linear_cross_entropy=False`` keeps the logits of a training step with labels
     (the loss then runs ``nk.cross_entropy`` on them)."""
-    wanted = {KEYWORDS[k]: v for k, v in op_keywords("nki_autotune.kernels.hf.patch", ops, tuple(KEYWORDS)).items()}
+    names = {**KEYWORDS, **_ALIASES}
+    given = {names[k]: v for k, v in ops.items() if k in names}
+    op_keywords("nki_autotune.kernels.hf.patch", {k: v for k, v in ops.items() if k not in names}, tuple(KEYWORDS))
+    wanted = {op: bool(given.get(op, True)) for op in OPS}
     check_version()
     todo = []
     routed: dict[int, set[str]] = {}  # per attention module, the ops its forward routes
@@ -122,7 +127,7 @@ def _check(name: str, module: nn.Module, op: str, family: Family) -> None:
         raise ValueError(
             f"nki_autotune.kernels.hf.patch: {name or type(module).__name__} has its own {hook.slot.lstrip('_')} set "
             f"on the instance (by another library, e.g. accelerate's hooks or another kernel patch); patch the model "
-            f"before it, or pass {op}=False")
+            f"before it, or pass {hook.keyword or op}=False")
     if hook.route is not None:
         check_routable(family.modeling, type(module), op)
     if hook.check is not None:

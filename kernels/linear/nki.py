@@ -176,7 +176,7 @@ def backward(grads, tensors, results, attrs, config, needs):
     (g,), (x, w, _) = grads, tensors  # x where the weight's gradient is needed, w where x's is
     dy = _rows(g)
     m, n = dy.shape
-    k = (w if w is not None else x).shape[-1]
+    k = w.shape[-1] if w is not None else x.shape[-1] if x is not None else 1  # neither: only db is needed
     wk, transposed = _weight(w.detach()) if w is not None else (dy.new_empty((n, k)), False)  # unread
     xk = _rows(x.detach()) if x is not None else dy.new_empty((m, k))  # unread
     dx, dw, db = run(linear_bwd, g.device)(dy, xk, wk, transposed, needs[0], needs[1], needs[2],
