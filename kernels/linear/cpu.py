@@ -74,8 +74,7 @@ def _work(key: Key) -> int:
 
 
 def constraint(config: dict, key: Key) -> bool:
-    """oneDNN's products only where this torch has them; one thread or all where the work is small (the tuner
-    keeps its trials for the libraries)."""
+    """oneDNN's products only where this torch has them."""
     return ONEDNN or not any(config[p] for p in PASSES)
 
 
