@@ -47,15 +47,15 @@ def sequences(vocab: int, batch: int, seq: int, seed: int = 0) -> Iterator[dict[
 
 
 def model_step(build: Callable[[], torch.nn.Module], data: Iterator[dict[str, torch.Tensor]], seed: int = 0,
-               compile: bool = True, patched: bool = True) -> Callable[[], torch.Tensor]:
-    """``build()``'s model from ``seed`` (the same weights each time), patched with the pack unless told not to,
-    and its ``training_step`` on ``data``."""
+               compile: bool = True, patched: bool = True, **patch_options: bool) -> Callable[[], torch.Tensor]:
+    """``build()``'s model from ``seed`` (the same weights each time), patched with the pack unless told not to
+    (``patch_options``: ``hf.patch``'s keywords), and its ``training_step`` on ``data``."""
     from nki_autotune.kernels.hf import patch
 
     torch.manual_seed(seed)
     model = build()
     if patched:
-        patch(model)
+        patch(model, **patch_options)
     return training_step(model, data, compile)
 
 
