@@ -53,7 +53,10 @@ ZERO_RMS = 1e-12
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    """The difference's norm over the reference's; against a reference that is zero (``ZERO_RMS``), its norm."""
+    """The difference's norm over the reference's; against a reference that is zero (``ZERO_RMS``), its norm. Of
+    an integer output (a loss's predicted classes): the share of its elements that differ."""
+    if not ref.is_floating_point():
+        return (got.detach().cpu() != ref).double().mean().item() if ref.numel() else 0.0
     got = got.detach().to("cpu", torch.float64)
     if not torch.isfinite(got).all():
         return float("nan")

@@ -51,15 +51,12 @@ def variants():
     }
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_linear_cross_entropy_time_and_peak(shape, capsys):
+def head(shape: tuple[int, int, int], g: torch.Generator):
+    """hidden, weight (both needing gradients), targets with 5% ignored, and one fwd+bwd of a variant."""
     n, hdim, v = shape
-    torch._dynamo.reset()
-    g = torch.Generator().manual_seed(0)
     h = torch.randn(n, hdim, generator=g).requires_grad_()
     w = (torch.randn(v, hdim, generator=g) / hdim ** 0.5).requires_grad_()
     t = torch.randint(0, v, (n,), generator=g).masked_fill(torch.rand(n, generator=g) < 0.05, -100)
-    fns = variants()
 
     def step(fn):
         h.grad = w.grad = None
@@ -67,13 +64,28 @@ def test_linear_cross_entropy_time_and_peak(shape, capsys):
         loss.backward()
         return loss.detach()
 
-    losses = {name: step(fn) for name, fn in fns.items()}  # compile, warm up
+    return h, w, t, step
+
+
+def interleaved(fns: dict, step, rounds: int) -> dict[str, list[float]]:
+    """Seconds per fwd+bwd of each variant, one each per round, in alternating order."""
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for r in range(ROUNDS[v]):
+    for r in range(rounds):
         for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
             t0 = time.perf_counter()
             step(fns[name])
             times[name].append(time.perf_counter() - t0)
+    return times
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_linear_cross_entropy_time_and_peak(shape, capsys):
+    n, hdim, v = shape
+    torch._dynamo.reset()
+    h, w, t, step = head(shape, torch.Generator().manual_seed(0))
+    fns = variants()
+    losses = {name: step(fn) for name, fn in fns.items()}  # compile, warm up
+    times = interleaved(fns, step, ROUNDS[v])
     peaks = {}
     for name, fn in fns.items():
         h.grad = w.grad = None
@@ -90,5 +102,60 @@ def test_linear_cross_entropy_time_and_peak(shape, capsys):
         for name in list(fns)[2:]:
             x, (lo, hi) = ratio_of_medians(times[name], times["kernel"])
             print(f"  kernel against {name}: {x:4.2f}x its speed ({lo:4.2f}-{hi:4.2f})")
+    for name, loss in losses.items():
+        assert torch.allclose(loss, losses["compiler"], rtol=1e-4), (name, loss, losses["compiler"])
+
+
+OPTION_SETS = {"plain": {}, "label smoothing 0.1, class weights": {"label_smoothing": 0.1, "weight": True}}
+CHUNK_SWEEP = (64, 128, 256, 512, 1024)
+
+
+@pytest.mark.parametrize("options", list(OPTION_SETS), ids=lambda o: o.split(",")[0].replace(" ", "-"))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_against_pytorchs_chunked_linear_cross_entropy(shape, options, capsys):
+    """The kernel (default config) against PyTorch's own ``F.linear_cross_entropy`` with
+    ``LinearCrossEntropyOptions``: its default chunking, and its best ``batch_chunk_size`` of a sweep (one timed
+    fwd+bwd each, after one to warm up); and the compiler, with every option off and with label smoothing and class
+    weights on (the same kernel without them on the plain rows: what the options cost)."""
+    n, hdim, v = shape
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    h, w, t, step = head(shape, g)
+    kw = dict(OPTION_SETS[options])
+    if kw.pop("weight", False):
+        kw["weight"] = torch.rand(v, generator=g) + 0.5
+    LCE = torch.nn.LinearCrossEntropyOptions
+
+    def kernel(h, w, t):
+        with scope(NKI_AUTOTUNE_KERNEL_LINEAR_CROSS_ENTROPY="cpu_chunks"):
+            return nk.linear_cross_entropy(h, w, t, **kw)
+
+    def chunked(size):
+        return lambda h, w, t: F.linear_cross_entropy(h, w, t, **kw, options=LCE(batch_chunk_size=size))
+
+    sweep = {}
+    for size in CHUNK_SWEEP:
+        step(chunked(size))
+        t0 = time.perf_counter()
+        step(chunked(size))
+        sweep[size] = time.perf_counter() - t0
+    best = min(sweep, key=sweep.get)
+    fns = {"kernel": kernel,
+           "compiler": torch.compile(lambda h, w, t: F.cross_entropy(F.linear(h, w), t, **kw), backend="inductor",
+                                     fullgraph=True, dynamic=False),
+           "PyTorch chunked, default": lambda h, w, t: F.linear_cross_entropy(h, w, t, **kw, options=LCE()),
+           f"PyTorch chunked, {best} tokens": chunked(best)}
+    losses = {name: step(fn) for name, fn in fns.items()}
+    times = interleaved(fns, step, ROUNDS[v])
+    peaks = {name: peak_bytes(lambda fn=fn: step(fn)) for name, fn in fns.items()}
+    ref = list(fns)[-1]
+    with capsys.disabled():
+        print(f"\nlinear cross-entropy {n} x {hdim} x {v} float32, {options}, fwd+bwd, median of {ROUNDS[v]} "
+              f"interleaved rounds; PyTorch's chunk sweep (ms): "
+              + ", ".join(f"{k}: {s * 1e3:.0f}" for k, s in sweep.items()))
+        for name in fns:
+            x, (lo, hi) = ratio_of_medians(times[ref], times[name])
+            print(f"  {name:<30} {statistics.median(times[name]) * 1e3:9.1f} ms ({x:4.2f}x the speed of {ref}, "
+                  f"{lo:4.2f}-{hi:4.2f})   peak {peaks[name] / 2**20:8.1f} MiB ({peaks[name] / peaks[ref]:4.2f}x)")
     for name, loss in losses.items():
         assert torch.allclose(loss, losses["compiler"], rtol=1e-4), (name, loss, losses["compiler"])

@@ -41,6 +41,7 @@ else:
     for _name in OPS:
         globals()[_name] = getattr(_importlib.import_module(f"{__name__}.{_name}"), _name)
     from .modules import module_sites, patch_modules, unpatch_modules
+    from .shared.loss import LossOutput
 
     # AWS's NKI Library as impls where nkilib imports, after the pack's own (an op's first impl is its default)
     __import__(f"{__name__}.nkilib")
@@ -49,4 +50,4 @@ else:
     check_switches(registered_only=True)  # a user's module may register more ops after the pack
     current()
 
-    __all__ = ["OPS", *OPS, "module_sites", "patch_modules", "unpatch_modules"]
+    __all__ = ["OPS", *OPS, "LossOutput", "module_sites", "patch_modules", "unpatch_modules"]

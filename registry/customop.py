@@ -273,6 +273,7 @@ def build(impl: Impl) -> None:
             ctx.set_materialize_grads(False)
             ctx.outs = tuple((r.shape, r.dtype, r.device) for r in results[:n_out])
             plain = [r for r, src in zip(results, sources) if not any(ctx.needs_input_grad[i] for i in src)]
+            plain += [results[i] for i in op.detached]
             if plain or n_res > n_out:  # one call: a second would replace the first's list
                 ctx.mark_non_differentiable(*plain, *results[n_out:])
 

@@ -30,6 +30,10 @@ class Op:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     """Default attribute values of the public function (``explain`` and profiles use them)."""
     outputs: int = 1
+    detached: tuple[int, ...] = ()
+    """Outputs (by position) that never carry a gradient: what a call reports beside its result, e.g. a loss's
+    z-loss term (already part of the loss) and its predicted tokens. Every impl and the reference return them
+    detached."""
     differentiable: tuple[str, ...] = ()
     """Tensor arguments that receive gradients (when floating point)."""
     sources: tuple[tuple[str, ...], ...] = ()
@@ -70,6 +74,9 @@ class Op:
         if self.sources and len(self.sources) != self.outputs:
             raise ValueError(f"op {self.name}: sources names {len(self.sources)} outputs' inputs; it has "
                              f"{self.outputs} outputs")
+        if any(not 0 < i < self.outputs for i in self.detached):
+            raise ValueError(f"op {self.name}: detached names outputs {list(self.detached)}; it has {self.outputs} "
+                             "outputs, and the first carries the gradient")
         unknown = sorted({n for names in self.sources for n in names} - set(self.tensors))
         if unknown:
             raise ValueError(f"op {self.name}: sources name {', '.join(unknown)}, not among its tensors "
@@ -166,9 +173,10 @@ class Impl:
             results = {f"result_{i}" for i in range(self.op.outputs + self.saved)}
             bad = {g: r for g, r in self.scaled.items() if g not in self.op.differentiable or r not in results
                    or r not in (self.reads or {}).get(g, ())}
-            if bad or self.op.outputs != 1:
+            if bad or self.op.outputs - len(self.op.detached) != 1:
                 raise ValueError(f"impl {self.qualname}: scaled maps a differentiable input to a result its gradient "
-                                 f"reads (reads[input] names it), on an op of one output; got {dict(self.scaled)}")
+                                 f"reads (reads[input] names it), on an op of one output carrying a gradient; got "
+                                 f"{dict(self.scaled)}")
         if set(self.default) != set(self.space):
             raise ValueError(f"impl {self.qualname}: default config must set exactly {sorted(self.space)}")
         for p, v in self.default.items():

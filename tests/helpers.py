@@ -31,7 +31,7 @@ def run_with_grads(fn, inputs: tuple, grad_out_seed: int = 0, grad_dtype: torch.
     seeds = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in outs]
     if grad_dtype is not None:
         seeds = [s.to(grad_dtype).double() for s in seeds]
-    loss = sum((o.double() * s).sum() for o, s in zip(outs, seeds))
+    loss = sum((o.double() * s).sum() for o, s in zip(outs, seeds) if o.requires_grad)  # not a detached output
     loss.backward()
     return outs, tuple(t.grad for j, t in enumerate(leaves) if needs(j, t))
 

@@ -11,6 +11,7 @@ import torch
 
 import nki_autotune.kernels as nk
 from nki_autotune.kernels.cross_entropy.op import reference
+from nki_autotune.kernels.shared.loss import OPTIONS
 from nki_autotune.kernels.shared.sumexp_cpu import PART
 from nki_autotune.registry import explain, get_op
 
@@ -20,6 +21,7 @@ OP = get_op("cross_entropy")
 CPU = OP.impls["cpu_rows"]
 NKI = OP.impls["nki_online"]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+PLAIN = tuple(OPTIONS.values())  # every option off
 
 
 def inputs(gen, n=70, v=2 * PART + 37, dtype=torch.float32, spread=8.0, ignored=(3, 40), ignore_index=-100):
@@ -39,12 +41,12 @@ def grads(fn, x, t, seed=2.5):
 
 
 def kernel(impl, config, ignore_index=-100, reduction="mean", softcap=3.0):
-    return lambda x, t: impl.fwd_op(x, t, ignore_index, reduction, softcap, *config)[0]
+    return lambda x, t: impl.fwd_op(x, t, None, ignore_index, reduction, softcap, *PLAIN, *config)[0]
 
 
 def check(fn, x, t, dtype, ignore_index=-100, reduction="mean", softcap=3.0):
     got_loss, got = grads(fn, x, t)
-    ref_loss, ref = grads(lambda a, b: reference(a, b, ignore_index, reduction, softcap), x.double(), t)
+    ref_loss, ref = grads(lambda a, b: reference(a, b, None, ignore_index, reduction, softcap)[0], x.double(), t)
     assert got_loss.dtype == dtype and got.dtype == dtype
     assert rel_err(got_loss, ref_loss) < TOL[dtype], (got_loss, ref_loss)
     assert rel_err(got, ref) < TOL[dtype], rel_err(got, ref)
@@ -77,7 +79,7 @@ def test_an_all_ignored_batch_is_nan_or_zero_with_zero_gradients(gen, impl, conf
     t[:] = -100
     for reduction in ("mean", "sum") if impl is CPU else ("mean",):  # the NKI kernel takes the mean
         got_loss, got = grads(kernel(impl, config, reduction=reduction), x, t)
-        ref_loss, ref = grads(lambda a, b, r=reduction: reference(a, b, -100, r, 3.0), x.double(), t)
+        ref_loss, ref = grads(lambda a, b, r=reduction: reference(a, b, None, -100, r, 3.0)[0], x.double(), t)
         torch.testing.assert_close(got_loss.double(), ref_loss, equal_nan=True)
         torch.testing.assert_close(got.double(), ref, equal_nan=True)
 
@@ -97,7 +99,7 @@ def test_public_function_takes_the_kernel_with_a_softcap(gen, switches):
     for reduction in ("mean", "sum"):
         assert explain("cross_entropy", x, t, reduction=reduction, softcap=3.0).path == "kernel"
         loss = nk.cross_entropy(x, t, reduction=reduction, softcap=3.0)
-        want = reference(x.double(), t, -100, reduction, 3.0)
+        want = reference(x.double(), t, None, -100, reduction, 3.0)[0]
         (got,), (ref,) = torch.autograd.grad(loss, x), torch.autograd.grad(want, x)
         assert rel_err(loss, want) < 1e-5 and rel_err(got, ref) < 1e-5
     exp = explain("cross_entropy", x, t, softcap=0.0)

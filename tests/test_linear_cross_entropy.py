@@ -11,6 +11,7 @@ from torch._dynamo.utils import counters
 import nki_autotune.kernels as nk
 from nki_autotune.kernels.linear_cross_entropy.cpu import BLOCK_BYTES, ONEDNN, block_rows
 from nki_autotune.kernels.linear_cross_entropy.op import reference
+from nki_autotune.kernels.shared.loss import OPTIONS
 from nki_autotune.registry import get_op
 
 from .helpers import rel_err
@@ -20,6 +21,7 @@ OP = get_op("linear_cross_entropy")
 CPU = OP.impls["cpu_chunks"]
 NKI = OP.impls["nki_tiled"]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+PLAIN = tuple(OPTIONS.values())  # every option off
 PRODUCTS = [pytest.param(0, id="blas"),
             pytest.param(1, id="onednn", marks=pytest.mark.skipif(not ONEDNN, reason="this torch has no oneDNN"))]
 
@@ -47,14 +49,15 @@ def kernel(impl=CPU, chunk=64, threads=2, ignore_index=-100, reduction="mean", s
     by torch's BLAS), told every gradient."""
     def fn(h, w, t, b):
         if impl is not CPU:
-            return impl.fwd_op(h, w, t, b, ignore_index, reduction, softcap, 64, chunk)[0]
+            return impl.fwd_op(h, w, t, b, None, ignore_index, reduction, softcap, *PLAIN, 64, chunk)[0]
         needs = 0b011 if b is None else 0b111
-        return impl.fwd_op(h, w, t, b, ignore_index, reduction, softcap, threads, chunk, onednn, needs)[0]
+        return impl.fwd_op(h, w, t, b, None, ignore_index, reduction, softcap, *PLAIN, threads, chunk, onednn,
+                           needs)[0]
     return fn
 
 
 def expression(ignore_index=-100, reduction="mean", softcap=None):
-    return lambda h, w, t, b: reference(h, w, t, b, ignore_index, reduction, softcap)
+    return lambda h, w, t, b: reference(h, w, t, b, None, ignore_index, reduction, softcap)[0]
 
 
 def check(fn, ins, dtype, **attrs):
@@ -136,9 +139,9 @@ def test_out_of_range_target_is_an_index_error(gen):
 
 def test_inference_computes_no_gradient(gen):
     h, w, t, b = inputs(gen, bias=True)
-    out = CPU.fwd_op(h, w, t, b, -100, "mean", None, 2, 64, 1, 0)
-    assert [r.numel() for r in out[1:]] == [0, 0, 0]
-    assert rel_err(out[0], reference(h.double(), w.double(), t, b.double(), -100, "mean", None)) < 1e-5
+    out = CPU.fwd_op(h, w, t, b, None, -100, "mean", None, *PLAIN, 2, 64, 1, 0)
+    assert [r.numel() for r in out[2:]] == [0, 0, 0, 0]  # no predictions asked, no gradients
+    assert rel_err(out[0], reference(h.double(), w.double(), t, b.double(), None, -100, "mean", None)[0]) < 1e-5
 
 
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
@@ -146,7 +149,8 @@ def test_opcheck(gen, bias):
     h, w, t, b = inputs(gen, n=20, bias=bias)
     needs = 0b111 if bias else 0b011
     torch.library.opcheck(CPU.fwd_op, (h.requires_grad_(), w.requires_grad_(), t,
-                                       None if b is None else b.requires_grad_(), -100, "mean", 2.0, 2, 64, 1, needs))
+                                       None if b is None else b.requires_grad_(), None, -100, "mean", 2.0, *PLAIN,
+                                       2, 64, 1, needs))
 
 
 def test_public_function_takes_the_kernel_when_on_and_the_expression_when_off(gen, switches):
@@ -215,7 +219,8 @@ def test_compiled_gradients_of_a_scaled_loss_match_float64(gen, switches):
     for _ in range(2):
         got_loss, got = grads(fn, *ins, seed=1.0)
         ins64 = tuple(t.double() if t is not None and t.is_floating_point() else t for t in ins)
-        ref_loss, ref = grads(lambda h, w, t, b: 3.0 * reference(h, w, t, b, -100, "mean", None), *ins64, seed=1.0)
+        ref_loss, ref = grads(lambda h, w, t, b: 3.0 * reference(h, w, t, b, None, -100, "mean", None)[0], *ins64,
+                              seed=1.0)
         assert rel_err(got_loss, ref_loss) < 1e-5
         for name, g, r in zip(("hidden", "weight", "bias"), got, ref):
             assert rel_err(g, r) < 1e-5, (name, rel_err(g, r))

@@ -130,7 +130,7 @@ def test_cross_entropy_batches_chunks_and_ignored_targets(impls, lnc, reduction,
     ignored: the library's kernels know no ignored target."""
     lnc(2)
     impl = impls["cross_entropy.nkilib"]
-    key = key_of("cross_entropy", "training", [((20, 4096), "float32"), ((20,), "int64")],
+    key = key_of("cross_entropy", "training", [((20, 4096), "float32"), ((20,), "int64"), None],
                  {"reduction": reduction, "ignore_index": ignore_index})
     target = torch.randint(0, 4096, (20,))
     target[::3] = ignore_index
@@ -141,9 +141,9 @@ def test_cross_entropy_batches_chunks_and_ignored_targets(impls, lnc, reduction,
 def test_cross_entropy_bfloat16_in_bfloat16(impls, lnc):
     lnc(1)
     impl = impls["cross_entropy.nkilib"]
-    key = key_of("cross_entropy", "training", [((6, 2048), "bfloat16"), ((6,), "int64")])
+    key = key_of("cross_entropy", "training", [((6, 2048), "bfloat16"), ((6,), "int64"), None])
     assert _check(impl, key, {"positions_per_batch": 8, "fp32": 0}).ok
-    f32 = key_of("cross_entropy", "training", [((6, 2048), "float32"), ((6,), "int64")])
+    f32 = key_of("cross_entropy", "training", [((6, 2048), "float32"), ((6,), "int64"), None])
     assert not impl.allows({**impl.default, "fp32": 0}, f32)  # float32 logits need float32 compute
     assert not impl.allows({**impl.default, "chunk_size": 2048}, f32)  # the whole vocabulary is chunk_size 0
 
@@ -177,9 +177,9 @@ def test_supports_declines_what_the_kernels_cannot_take(impls, lnc):
         key = key_of("rmsnorm", "inference", [(shape, "float32"), (shape[-1:], "float32")])
         assert norm.supports(key.inputs, key.attr_dict), shape
     assert not norm.allows({**norm.default, "shard_on_h": 1}, key)  # LNC=1
-    key = key_of("cross_entropy", "training", [((4, 64), "float16"), ((4,), "int64")])
+    key = key_of("cross_entropy", "training", [((4, 64), "float16"), ((4,), "int64"), None])
     assert "float16" in ce.supports(key.inputs, key.attr_dict)
-    key = key_of("cross_entropy", "training", [((4, 64), "float32"), ((4,), "int64")], {"softcap": 30.0})
+    key = key_of("cross_entropy", "training", [((4, 64), "float32"), ((4,), "int64"), None], {"softcap": 30.0})
     assert "softcap" in ce.supports(key.inputs, key.attr_dict)  # the library's kernels do not cap the logits
     qkv = [((1, 2, 128, 32), "bfloat16")] * 3
     key = key_of("attention", "training", [*qkv, ((1, 1, 128, 128), "bool")])

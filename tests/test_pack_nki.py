@@ -102,11 +102,11 @@ def test_nki_cross_entropy_checks_targets_in_the_kernel_and_skips_ignored_rows()
     ce = ops()["cross_entropy"].impls["nki_online"]
     x = torch.randn(3, 700)  # one full chunk of 512 in the compiled loop, a tail of 188
     target = torch.tensor([5, -100, 699])
-    loss = ce.fwd_op(x, target, -100, "mean", None, 128, 512)[0]
+    loss = ce.fwd_op(x, target, None, -100, "mean", None, 0.0, 0.0, False, 128, 512)[0]
     torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(x, target))
     for bad in (700, -3):
         with pytest.raises(NkiError, match="outside .*oob_mode=error"):
-            ce.fwd_op(x, torch.tensor([5, bad, 0]), -100, "mean", None, 128, 512)
+            ce.fwd_op(x, torch.tensor([5, bad, 0]), None, -100, "mean", None, 0.0, 0.0, False, 128, 512)
 
 
 GATED_LAYOUTS = {  # gate's and up's strides at shape [3, 40, 48] (None: contiguous)

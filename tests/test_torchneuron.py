@@ -32,11 +32,11 @@ KEYS = {  # small training keys, one per op
     "geglu": ([((7, 20), "float32"), ((7, 20), "float32")], {}),
     "rope": ([((2, 2, 9, 8), "float32"), ((2, 1, 9, 8), "float32"), ((2, 9, 8), "float32"), ((2, 9, 8), "float32")],
              {}),
-    "cross_entropy": ([((6, 600), "float32"), ((6,), "int64")], {"ignore_index": -100}),
+    "cross_entropy": ([((6, 600), "float32"), ((6,), "int64"), None], {"ignore_index": -100}),
     "embedding": ([((3, 4), "int64"), ((11, 6), "float32")], {}),
     "segment_sum": ([((9, 3), "float32"), ((9,), "int64")], {"num_segments": 5}),
     "attention": ([((1, 2, 5, 16), "float32"), ((1, 1, 7, 16), "float32"), ((1, 1, 7, 8), "float32"), None], {}),
-    "linear_cross_entropy": ([((6, 8), "float32"), ((13, 8), "float32"), ((6,), "int64"), None], {}),
+    "linear_cross_entropy": ([((6, 8), "float32"), ((13, 8), "float32"), ((6,), "int64"), None, None], {}),
 }
 
 

@@ -19,7 +19,7 @@ import torch
 from ...registry import Impl, Key, TensorSpec, register_impl
 from ...registry.neuron.launch import int32_column, run
 from ...registry.neuron.nki import nisa, nki, nl
-from ..shared.loss import weights
+from ..shared.loss import no_extras, plain_problem, weights
 from ..shared.nki_loss_rows import columns, finish, online_step, softcap, targets, times_cap_slope
 from ..shared.tiles import ROWS, fits_sbuf, indirect_problem, mine, tiles
 from .op import CROSS_ENTROPY, fake, kernel_problem
@@ -132,17 +132,18 @@ def cross_entropy_bwd(logits, target, lse, rest, weight, cap, rows_per_tile, chu
 
 
 def forward(tensors, attrs, config):
-    x, target = tensors
+    x, target, _ = tensors
     ignore = attrs["ignore_index"]
     losses, lse, rest = run(cross_entropy_fwd, x.device)(x, int32_column(target), ignore, attrs["softcap"],
                                                          config["rows_per_tile"], config["chunk"])
     count = (target != ignore).sum()
     loss = losses.to(x.device).sum() / count  # 0/0 = nan when every target is ignored, as in PyTorch
-    return loss.to(x.dtype), lse.reshape(-1).to(x.device), rest.reshape(-1).to(x.device)
+    loss = loss.to(x.dtype)
+    return loss, *no_extras(loss), lse.reshape(-1).to(x.device), rest.reshape(-1).to(x.device)
 
 
 def backward(grads, tensors, results, attrs, config, needs):
-    (g,), (x, target), (_, lse, rest) = grads, tensors, results
+    g, (x, target, _), (lse, rest) = grads[0], tensors, results[3:]
     weight = weights(target, attrs, g.float()).reshape(-1, 1)
     dx = run(cross_entropy_bwd, x.device)(x, int32_column(target), lse.reshape(-1, 1),
                                           rest.reshape(-1, 1), weight, attrs["softcap"], config["rows_per_tile"],
@@ -154,7 +155,10 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     why = kernel_problem(specs, attrs)
     if why:
         return why
-    x, _ = specs
+    x = specs[0]
+    why = plain_problem(attrs, specs[2] is not None, "nki_online")
+    if why:
+        return why
     if attrs["reduction"] != "mean":
         return f"reduction={attrs['reduction']!r} (this kernel takes the mean)"
     if x.shape[1] >= 1 << 24:
@@ -172,8 +176,8 @@ def constraint(config: dict, key: Key) -> bool:
 
 
 def fake_with_rest(tensors: tuple, attrs: dict) -> tuple[torch.Tensor, ...]:
-    loss, lse = fake(tensors, attrs)
-    return loss, lse, lse.new_empty(lse.shape)
+    *outs, lse = fake(tensors, attrs)
+    return *outs, lse, lse.new_empty(lse.shape)
 
 
 NKI_ONLINE = register_impl(Impl(

@@ -44,7 +44,8 @@ from ...registry.cpu.runtime import (
     require,
 )
 from ...registry.cpu.threads import fit_threads, max_threads, thread_choices
-from ..shared.loss import token_weight
+from ..shared.loss import shares
+from ..shared.loss_cpu import argmax, assemble, class_weights, coefficients, log_sum_exp, weighted_sum
 from ..shared.products import ONEDNN, linear, onednn_enabled
 from ..shared.sumexp_cpu import cap_into, max_sumexp, softplus64
 from .op import LINEAR_CROSS_ENTROPY, fake, shape_problem
@@ -61,18 +62,29 @@ CPU_DEFAULT = {"threads": max_threads(), "chunk": 256, "onednn": int(ONEDNN)}
 
 
 @helper(FASTMATH)
-def _write_grad(row, m, inv, scale):
-    """row = exp(row - m) * inv * scale, in place; returns the sum of the probabilities exp(row - m) * inv."""
+def _write_grad(row, m, inv, a, c, w, has_w):
+    """row = a * p - c * w in place, p = exp(row - m) * inv; returns the sum of those p."""
     s = np.float32(0.0)
-    for j in range(row.shape[0]):
-        p = exp32(row[j] - m) * inv
-        row[j] = p * scale
-        s += p
+    if c == 0:
+        for j in range(row.shape[0]):
+            p = exp32(row[j] - m) * inv
+            row[j] = p * a
+            s += p
+    elif has_w:
+        for j in range(row.shape[0]):
+            p = exp32(row[j] - m) * inv
+            row[j] = p * a - c * w[j]
+            s += p
+    else:
+        for j in range(row.shape[0]):
+            p = exp32(row[j] - m) * inv
+            row[j] = p * a - c
+            s += p
     return s
 
 
 @helper(FASTMATH)
-def _write_capped_grad(row, m, inv, scale, cap):
+def _write_capped_grad(row, m, inv, a, c, w, has_w, cap):
     """As ``_write_grad``, times the cap's derivative 1 - (y / cap)^2 at each capped logit y."""
     s = np.float32(0.0)
     icap = np.float32(1.0) / cap
@@ -80,13 +92,17 @@ def _write_capped_grad(row, m, inv, scale, cap):
         y = row[j]
         p = exp32(y - m) * inv
         u = y * icap
-        row[j] = p * scale * (np.float32(1.0) - u * u)
+        g = p * a if c == 0 else p * a - c * (w[j] if has_w else np.float32(1.0))
+        row[j] = g * (np.float32(1.0) - u * u)
         s += p
     return s
 
 
-def _chunk_body(x, target, ignore, cap, scale, grad, losses):
-    """x: one chunk's float32 logits [n, V], overwritten by their gradient where ``grad``; cap 0 for none."""
+def _chunk_body(x, target, ignore, cap, grad, omega, k, kz, eps, eps_v, w_sum, s, w, has_w, smooth, predict,
+                nll, lse, wsum, pred):
+    """x: one chunk's float32 logits [n, V], overwritten by their gradient where ``grad``; cap 0 for none. Per
+    row its nll (lse - x_t), lse and (``smooth``) smoothing sum, 0 where ignored, and (``predict``)
+    its argmax, -1 where ignored."""
     n, v = x.shape
     for r in prange(n):
         row = x[r]
@@ -94,8 +110,10 @@ def _chunk_body(x, target, ignore, cap, scale, grad, losses):
             cap_into(row, cap, row)
         t = target[r]
         m, rest = max_sumexp(x, r, 1, -1 if t == ignore else t)  # the sum without the target's own term
+        if predict:
+            pred[r] = -1 if t == ignore else argmax(row)
         if t == ignore:
-            losses[r] = 0.0
+            nll[r] = lse[r] = wsum[r] = 0.0
             if grad:  # exp(log-softmax) * 0: 0, or nan on a row whose log-softmax is nan
                 z = np.float32(0.0) if finite32(m) and finite32(np.float32(1.0) / rest) else np.float32(np.nan)
                 for j in range(v):
@@ -104,20 +122,28 @@ def _chunk_body(x, target, ignore, cap, scale, grad, losses):
         yt = row[t]
         d = yt - m  # <= 0
         inv = np.float32(1.0) / (rest + exp32(d))
-        losses[r] = softplus64(np.log(np.float64(rest)) - d)  # = lse - x_t, with no cancellation
+        nll[r] = softplus64(np.log(np.float64(rest)) - d)  # = lse - x_t, with no cancellation
+        lse[r] = log_sum_exp(m, np.log(np.float64(rest) + np.exp(np.float64(d))))
+        if smooth:
+            wsum[r] = weighted_sum(row, lse[r], w, has_w)
         if not grad:
             continue
+        a, b, c, e = coefficients(omega[r], lse[r], k, kz, eps, eps_v, w_sum, s)
+        wl, wr = (w[:t], w[t + 1:]) if has_w else (w, w)
         if cap > 0:
-            others = (_write_capped_grad(row[:t], m, inv, scale, cap)
-                      + _write_capped_grad(row[t + 1:], m, inv, scale, cap))
+            others = (_write_capped_grad(row[:t], m, inv, a, c, wl, has_w, cap)
+                      + _write_capped_grad(row[t + 1:], m, inv, a, c, wr, has_w, cap))
             u = yt / cap
             slope = np.float32(1.0) - u * u
         else:
-            others = _write_grad(row[:t], m, inv, scale) + _write_grad(row[t + 1:], m, inv, scale)
+            others = _write_grad(row[:t], m, inv, a, c, wl, has_w) + _write_grad(row[t + 1:], m, inv, a, c, wr, has_w)
             slope = np.float32(1.0)
         # 1 - p_target summed from the other columns rather than cancelled
-        exact = finite32(scale) and finite32(m) and finite32(inv)
-        row[t] = -others * scale * slope if exact else np.float32(np.nan)
+        exact = finite32(a) and finite32(m) and finite32(inv)
+        own = -others * b
+        if e != 0 or c != 0:  # the options' share of the target's own column
+            own += e * exp32(d) * inv - c * (w[t] if has_w else np.float32(1.0))
+        row[t] = own * slope if exact else np.float32(np.nan)
 
 
 _chunk = kernel(_chunk_body)
@@ -141,7 +167,7 @@ def block_rows(hidden: int, tokens: int) -> int:
 
 
 def forward(tensors, attrs, config, needs):
-    h, w, target, bias = tensors
+    h, w, target, bias, class_weight = tensors
     n, v = h.shape[0], w.shape[0]
     dtype = h.dtype
     t = array(target)
@@ -149,17 +175,20 @@ def forward(tensors, attrs, config, needs):
     bad = out_of_range(t[t != ignore], v)
     if bad is not None:
         raise IndexError(f"Target {bad} is out of bounds.")
-    weight = token_weight(t, attrs)
+    sh = shares(t, class_weight, v, attrs)
+    cw, has_w = class_weights(class_weight)
     h32, w32 = h.detach().float(), w.detach().float()
     b32 = None if bias is None else bias.detach().float()
     grad = any(needs)
-    scale = np.float32(weight if grad else 0.0)
     cap = np.float32(0.0 if attrs["softcap"] is None else attrs["softcap"])
     dh = torch.empty(h.shape, dtype=torch.float32) if needs[0] else None
     new = torch.empty if n else torch.zeros  # the first chunk writes them, the others add: no pass of zeros
     dw = new(w.shape, dtype=torch.float32) if needs[1] else None
     db = new(v, dtype=torch.float32) if needs[2] else None
-    losses = np.zeros(n, np.float64)
+    nll, lse, wsum = np.zeros(n), np.zeros(n), np.zeros(n)
+    pred = torch.empty(n if attrs["predictions"] else 0, dtype=torch.int64)
+    pn, omega = pred.numpy(), sh.omega
+    eps, s = attrs["label_smoothing"], attrs["lse_square_scale"]
     chunks = -(-n // config["chunk"])
     size = max(-(-n // max(chunks, 1)), 1)  # as many chunks as ``chunk`` tokens make, of even sizes: no short last one
     onednn = onednn_enabled(config["onednn"])
@@ -175,8 +204,10 @@ def forward(tensors, attrs, config, needs):
         else:
             lg = buf[:hc.shape[0]]
             torch.mm(hc, wt, out=lg) if b32 is None else torch.addmm(b32, hc, wt, out=lg)
-        launch(_chunk, config["threads"], lg.numpy(), t[i:i + size], ignore, cap, scale, grad,
-               losses[i:i + size])
+        j = slice(i, i + size)
+        launch(_chunk, config["threads"], lg.numpy(), t[j], ignore, cap, grad, omega[j], sh.k, sh.kz, eps,
+               sh.eps_v, sh.w_sum, s, cw, has_w, eps > 0, attrs["predictions"], nll[j], lse[j], wsum[j],
+               pn[j] if attrs["predictions"] else pn)
         if dh is not None:
             if onednn:
                 dh[i:i + size] = linear(lg, wt)
@@ -190,24 +221,28 @@ def forward(tensors, attrs, config, needs):
         if db is not None:
             torch.sum(lg, 0, out=db) if i == 0 else db.add_(lg.sum(0))
         del lg  # a chunk's logits made by oneDNN go before the next chunk's come
-    loss = torch.tensor(losses.sum() * weight, dtype=dtype)
+    loss, zl = assemble(sh, nll, lse, wsum, attrs)
     empty = h.new_empty(0)
-    return (loss, empty if dh is None else dh.to(dtype), empty if dw is None else dw.to(w.dtype),
+    return (torch.as_tensor(loss, dtype=dtype), torch.as_tensor(zl, dtype=dtype), pred,
+            empty if dh is None else dh.to(dtype), empty if dw is None else dw.to(w.dtype),
             empty if db is None else db.to(bias.dtype))
 
 
 def backward(grads, tensors, results, attrs, config, needs):
     g = grads[0]
-    return tuple(r * g if need else None for r, need in zip(results[1:], needs))
+    return tuple(r * g if need else None for r, need in zip(results[3:], needs))
 
 
 def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     """hidden and weight in any layout (MKL's products take them as they are, oneDNN's are given a weight stored
     either way round); int64 targets."""
-    why = shape_problem(specs, attrs) or require(specs, {0: FLOATS, 1: FLOATS, 2: ("int64",), 3: FLOATS},
-                                                 contiguous=False)
+    why = shape_problem(specs, attrs) or require(specs[:4], {0: FLOATS, 1: FLOATS, 2: ("int64",), 3: FLOATS},
+                                                 contiguous=False) or require(specs[4:], {0: FLOATS}, contiguous=False)
     if why:
         return why
+    if attrs["reduction"] == "none" and any(s is not None and s.requires_grad for s in (specs[0], specs[1], specs[3])):
+        return ("reduction='none' in training (the gradients are made in the forward, for one loss gradient; "
+                "the compiler's graph takes a gradient per token)")
     if specs[1].shape[0] == 0:
         return "an empty vocabulary"
     if specs[0].shape[1] == 0:
@@ -250,6 +285,6 @@ CPU_CHUNKS = register_impl(Impl(
     supports=supports, space={"threads": thread_choices(), "chunk": CHUNKS, "onednn": (0, 1)},
     default=CPU_DEFAULT, constraint=constraint, forward_needs=True, saved=3,
     fit=fit,
-    reads={"hidden": ("result_1",), "weight": ("result_2",), "bias": ("result_3",)},
-    scaled={"hidden": "result_1", "weight": "result_2", "bias": "result_3"},
+    reads={"hidden": ("result_3",), "weight": ("result_4",), "bias": ("result_5",)},
+    scaled={"hidden": "result_3", "weight": "result_4", "bias": "result_5"},
 ))

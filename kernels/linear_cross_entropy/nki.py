@@ -24,7 +24,7 @@ import torch
 from ...registry import Impl, Key, TensorSpec, register_impl
 from ...registry.neuron.launch import int32_column, run
 from ...registry.neuron.nki import nisa, nki, nl
-from ..shared.loss import weights
+from ..shared.loss import fake_extras, no_extras, plain_problem, weights
 from ..shared.nki_loss_rows import columns, finish, online_step, softcap, targets, times_cap_slope
 from ..shared.tiles import P_MAX, ROWS, fits_sbuf, indirect_problem, mine, tiles
 from .op import LINEAR_CROSS_ENTROPY, shape_problem
@@ -201,7 +201,7 @@ def _operands(hidden, weight, bias):
 
 
 def forward(tensors, attrs, config):
-    h, w, target, bias = tensors
+    h, w, target, bias, _ = tensors
     x, wx = _operands(h, w, bias)
     losses, lse, rest = run(linear_ce_fwd, h.device)(
         x.t().contiguous(), wx.t().contiguous(), int32_column(target), attrs["ignore_index"], attrs["softcap"],
@@ -209,11 +209,12 @@ def forward(tensors, attrs, config):
     total = losses.to(h.device).sum()
     if attrs["reduction"] == "mean":
         total = total / (target != attrs["ignore_index"]).sum()  # 0/0 = nan when every target is ignored
-    return total.to(h.dtype), lse.reshape(-1).to(h.device), rest.reshape(-1).to(h.device)
+    total = total.to(h.dtype)
+    return total, *no_extras(total), lse.reshape(-1).to(h.device), rest.reshape(-1).to(h.device)
 
 
 def backward(grads, tensors, results, attrs, config, needs):
-    (g,), (h, w, target, bias), (_, lse, rest) = grads, tensors, results
+    g, (h, w, target, bias, _), (lse, rest) = grads[0], tensors, results[3:]
     x, wx = _operands(h, w, bias)
     tf = torch.where(target == attrs["ignore_index"], 0, target).float().reshape(-1, 1)
     dx, dw = run(linear_ce_bwd, h.device)(
@@ -231,7 +232,10 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
     why = shape_problem(specs, attrs)
     if why:
         return why
-    h, w, t, b = specs
+    h, w, t, b, _ = specs
+    why = plain_problem(attrs, specs[4] is not None, "nki_tiled")
+    if why:
+        return why
     if h.numel == 0 or w.shape[0] == 0:
         return "empty hidden states or vocabulary"
     if any(s is not None and s.dtype not in ("float32", "bfloat16") for s in (h, w, b)) or \
@@ -253,9 +257,10 @@ def constraint(config: dict, key: Key) -> bool:
 
 
 def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor, ...]:
-    """The loss, then each token's lse and 1 - p_target, which the backward reads."""
+    """The loss, its z-loss term, the predicted tokens, then each token's lse and 1 - p_target, which the backward
+    reads."""
     h = tensors[0]
-    return h.new_empty(()), *(h.new_empty(h.shape[:1], dtype=torch.float32) for _ in range(2))
+    return *fake_extras(h, attrs), *(h.new_empty(h.shape[:1], dtype=torch.float32) for _ in range(2))
 
 
 NKI_TILED = register_impl(Impl(

@@ -23,6 +23,7 @@ from ...registry.neuron import logical_cores
 from ...registry.neuron.launch import run
 from ...registry.neuron.nki import nl
 from ..cross_entropy.op import CROSS_ENTROPY, fake, kernel_problem
+from ..shared.loss import no_extras, plain_problem
 from ..shared.tiles import P_MAX, fits_sbuf
 
 SOURCE_FAMILIES = ("nkilib",)
@@ -52,7 +53,7 @@ def _targets(target: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor, tor
 
 
 def forward(tensors, attrs, config):
-    x, target = tensors
+    x, target, _ = tensors
     t32, valid = _targets(target, attrs["ignore_index"])
     losses, lse = run(cross_entropy_forward, x.device)(x, t32, config["positions_per_batch"],
                                                        chunk_of(config, x.shape[1]), _dtype(config))
@@ -60,11 +61,12 @@ def forward(tensors, attrs, config):
     total = losses.sum()
     # the mean over targets not ignored: 0/0 = nan when every target is ignored, as in PyTorch
     loss = total / valid.sum() if attrs["reduction"] == "mean" else total
-    return loss.to(x.dtype), lse.to(x.device).float()
+    loss = loss.to(x.dtype)
+    return loss, *no_extras(loss), lse.to(x.device).float()
 
 
 def backward(grads, tensors, results, attrs, config, needs):
-    (g,), (x, target), (_, lse) = grads, tensors, results
+    g, (x, target, _), lse = grads[0], tensors, results[3]
     t32, valid = _targets(target, attrs["ignore_index"])
     dx = run(cross_entropy_backward, x.device)(x, t32, lse, "sum", config["positions_per_batch"],
                                                chunk_of(config, x.shape[1]), _dtype(config), False)
@@ -86,7 +88,10 @@ def supports(specs: tuple[TensorSpec, ...], attrs: dict) -> str | None:
         return why
     if attrs["softcap"] is not None:
         return "softcap (the library's kernels take the logits as they are; nki_online caps them)"
-    x, t = specs
+    why = plain_problem(attrs, specs[2] is not None, "nkilib")
+    if why:
+        return why
+    x, t = specs[:2]
     if not (x.is_contiguous and t.is_contiguous):
         return "non-contiguous inputs"
     if x.shape[1] > 1 << 24:
@@ -116,7 +121,7 @@ IMPL = Impl(
     supports=supports, space={"positions_per_batch": POSITIONS, "chunk_size": CHUNKS, "fp32": (0, 1)},
     default={"positions_per_batch": 32, "chunk_size": 0, "fp32": 1}, constraint=constraint, saved=1,
     examples=(  # two chunks of 2048 (or one, the whole vocabulary), positions split over the programs
-        ((((8, 4096), "float32"), ((8,), "int64")), {}),
-        ((((6, 2048), "bfloat16"), ((6,), "int64")), {"reduction": "sum"}),
+        ((((8, 4096), "float32"), ((8,), "int64"), None), {}),
+        ((((6, 2048), "bfloat16"), ((6,), "int64"), None), {"reduction": "sum"}),
     ),
 )
