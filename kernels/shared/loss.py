@@ -184,15 +184,6 @@ def cap_problem(cap: float | None) -> str | None:
     return None
 
 
-def token_weight(t: np.ndarray, attrs: dict) -> float:
-    """Each counted row's weight in the loss: 1 for the sum, 1 / (rows not ignored) for the mean (nan for none,
-    as PyTorch's 0 / 0)."""
-    if attrs["reduction"] == "sum":
-        return 1.0
-    count = int((t != attrs["ignore_index"]).sum())
-    return 1.0 / count if count else float("nan")
-
-
 def weights(target, attrs, g):
     """Each token's weight in the loss times the loss's gradient: 0 where ignored."""
     valid = target != attrs["ignore_index"]
