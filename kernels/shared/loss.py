@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 REDUCTIONS = ("mean", "sum", "none")
 OPTIONS = {"label_smoothing": 0.0, "lse_square_scale": 0.0, "predictions": False}
-"""The options beyond PyTorch's first three (ignore_index, reduction, softcap), as attrs, with their values off."""
+"""The attrs after the first three (ignore_index, reduction, softcap), with their values off."""
 CLASS_WEIGHTS = ("class weights are constants a user sets: inf, 1e20 or subnormal ones make no loss anyone trains "
                  "with (PyTorch's own gives inf or nan there by its order of operations); finite ones are drawn")
 """The ops' waiver of special values in their class weights (tests/test_special_values.py)."""
