@@ -16,6 +16,9 @@ from .parallel import SEED, own_user_cache, pytest_collection_modifyitems  # noq
 # isort: split
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import torch._functorch.config  # noqa: E402
+
+torch._functorch.config.error_on_custom_op_aliasing = True  # as PyTorch's own CI has it: an aliased output fails
 
 import nki_autotune.kernels  # noqa: E402, F401
 from nki_autotune.registry import Entry, Key, Table, get_backend, reload_settings  # noqa: E402

@@ -222,10 +222,9 @@ def forward(tensors, attrs, config, needs):
             torch.sum(lg, 0, out=db) if i == 0 else db.add_(lg.sum(0))
         del lg  # a chunk's logits made by oneDNN go before the next chunk's come
     loss, zl = assemble(sh, nll, lse, wsum, attrs)
-    empty = h.new_empty(0)
-    return (torch.as_tensor(loss, dtype=dtype), torch.as_tensor(zl, dtype=dtype), pred,
-            empty if dh is None else dh.to(dtype), empty if dw is None else dw.to(w.dtype),
-            empty if db is None else db.to(bias.dtype))
+    grads = ((dh, dtype), (dw, w.dtype), (db, dtype if bias is None else bias.dtype))
+    return (torch.as_tensor(loss, dtype=dtype), torch.as_tensor(zl, dtype=dtype), pred,  # one empty each: no aliases
+            *(h.new_empty(0) if g is None else g.to(dt) for g, dt in grads))
 
 
 def backward(grads, tensors, results, attrs, config, needs):
