@@ -48,10 +48,11 @@ def batches(seed: int = 0) -> Iterator[dict[str, torch.Tensor]]:
 def make_step(seed: int = 0, compile: bool = True, patched: bool = True) -> Callable[[], torch.Tensor]:
     """One model (patched unless told not to), its AdamW and its data from ``seed``; the returned callable runs one
     training step."""
-    # The projections stay transformers' own here: tuned at this width (256), the memory objective left all four
-    # keys to the compiler, and tuning them took a minute of the demo's run; examples/smollm2.py tunes them.
+    # The projections and the MLP's products stay transformers' own here (its SwiGLU is the pack's): tuned at this
+    # width (256), the memory objective left all four projections' keys to the compiler, and tuning them took a
+    # minute of the demo's run; examples/smollm2.py tunes them.
     return model_step(lambda: LlamaForCausalLM(LlamaConfig(**CONFIG)), batches(seed), seed, compile, patched,
-                      projections=False)
+                      projections=False, gated_mlp=False)
 
 
 if __name__ == "__main__":

@@ -46,17 +46,17 @@ FAMILIES = {  # config class, model class, what the family adds to the tiny conf
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=96, max_position_embeddings=64, pad_token_id=0, tie_word_embeddings=False)
 _BOTH = {"rope": 2, "attention": 2, "cross_entropy": 1, "linear_cross_entropy": 1, "embedding": 1, "moe_experts": 0,
-         "linear": 14}
-SITES = {"llama": {"rmsnorm": 5, "swiglu": 2, "geglu": 0, **_BOTH},
-         "qwen3": {"rmsnorm": 9, "swiglu": 2, "geglu": 0, **_BOTH},
-         "olmo2": {"rmsnorm": 9, "swiglu": 2, "geglu": 0, **_BOTH},
-         "smollm3": {"rmsnorm": 5, "swiglu": 2, "geglu": 0, **_BOTH, "rope": 1},
-         "granite": {"rmsnorm": 5, "swiglu": 2, "geglu": 0, **_BOTH, "linear_cross_entropy": 0},  # scaled logits
+         "linear": 8, "gated_mlp": 2, "swiglu": 0, "geglu": 0}  # the gated MLPs whole, their products inside them
+SITES = {"llama": {"rmsnorm": 5, **_BOTH},
+         "qwen3": {"rmsnorm": 9, **_BOTH},
+         "olmo2": {"rmsnorm": 9, **_BOTH},
+         "smollm3": {"rmsnorm": 5, **_BOTH, "rope": 1},
+         "granite": {"rmsnorm": 5, **_BOTH, "linear_cross_entropy": 0},  # scaled logits
          # Gemma 2 normalises before and after attention and the MLP; Gemma 3 also per head (q_norm, k_norm)
-         "gemma": {"rmsnorm": 5, "swiglu": 0, "geglu": 2, **_BOTH},
-         "gemma2": {"rmsnorm": 9, "swiglu": 0, "geglu": 2, **_BOTH},
-         "gemma3_text": {"rmsnorm": 13, "swiglu": 0, "geglu": 2, **_BOTH},
-         "phi3": {"rmsnorm": 5, "swiglu": 2, "geglu": 0, **_BOTH, "linear": 8}}  # fused qkv_proj, gate_up_proj
+         "gemma": {"rmsnorm": 5, **_BOTH},
+         "gemma2": {"rmsnorm": 9, **_BOTH},
+         "gemma3_text": {"rmsnorm": 13, **_BOTH},
+         "phi3": {"rmsnorm": 5, **_BOTH, "linear": 4}}  # fused qkv_proj
 DECLINED = {"gemma2": {"attention": 2}}
 """Patched sites whose calls take the compiler path: Gemma 2 caps its attention scores (``attn_logit_softcapping``),
 which its attention runs as transformers writes it. (Gemma 3's per-head q/k norms, on [batch, heads, seq, dim] views
@@ -354,7 +354,7 @@ def test_site_labels_are_qualified_module_names(tmp_path):
     recorded = {(s.op, s.site) for s in load_profile(path, ops()).sites}
     assert recorded == {(op, name) for op, names in hf.sites(model).items() for name in names}
     assert {("rmsnorm", "model.layers.0.input_layernorm"), ("rmsnorm", "model.layers.1.self_attn.k_norm"),
-            ("rope", "model.layers.0.self_attn"), ("swiglu", "model.layers.1.mlp"),
+            ("rope", "model.layers.0.self_attn"), ("gated_mlp", "model.layers.1.mlp"),
             ("embedding", "model.embed_tokens"), ("cross_entropy", "Qwen3ForCausalLM"),
             ("linear_cross_entropy", "Qwen3ForCausalLM")} <= recorded
 
@@ -436,7 +436,10 @@ def test_a_forward_set_by_someone_else_is_not_overwritten():
     with pytest.raises(ValueError, match="model.layers.1.mlp has its own forward"):
         hf.patch(model)
     assert hf.sites(model) == {op: [] for op in hf.OPS}
-    assert hf.patch(model, swiglu=False)["swiglu"] == 0
+    with pytest.raises(ValueError, match="model.layers.1.mlp has its own forward.*pass swiglu=False"):
+        hf.patch(model, gated_mlp=False)
+    counts = hf.patch(model, gated_mlp=False, swiglu=False)
+    assert counts["swiglu"] == counts["gated_mlp"] == 0 and counts["linear"] == 14  # the MLPs' products too
     hf.unpatch(model)
 
 

@@ -113,7 +113,10 @@ def test_the_patch_routes_each_projection_and_the_recorder_labels_it_by_module(t
     assert all(type(m).forward is type(m).forward and "forward" not in m.__dict__
                for m in plain.modules() if isinstance(m, torch.nn.Linear))
     model = _llama()
-    assert hf.patch(model)["linear"] == 14  # q, k, v, o, gate, up, down in each of two layers; the head is the loss's
+    assert hf.patch(model)["linear"] == 8  # q, k, v, o in each of two layers; the MLPs are gated_mlp's
+    model = _llama()
+    # q, k, v, o, gate, up, down in each of two layers; the head is the loss's
+    assert hf.patch(model, gated_mlp=False)["linear"] == 14
     ids = torch.randint(1, 64, (2, 12), generator=torch.Generator().manual_seed(SEED))
     ref = _llama()
     want = ref(input_ids=ids, labels=ids).loss
@@ -152,6 +155,6 @@ def test_the_patch_takes_the_new_keywords_and_the_op_names():
 
     assert hf.patch(_llama(), projections=False, linear_cross_entropy=False)["linear"] == 0
     assert hf.patch(_llama(), linear=False)["linear"] == 0  # the op's name, as earlier releases took moe_experts=
-    assert hf.patch(_llama(), experts=False)["linear"] == 14
+    assert hf.patch(_llama(), experts=False)["linear"] == 8
     with pytest.raises(TypeError, match="projections"):
         hf.patch(_llama(), projection=False)

@@ -36,8 +36,9 @@ def test_trainer_losses_follow_the_unpatched_model_step_by_step(switches, monkey
     monkeypatch.setattr(trainer, "patch", lambda m: patched_sites.append(real_patch(m)) or patched_sites[-1])
     got = trainer.train(steps=3, patched=True, compile=True)
     want = trainer.train(steps=3, patched=False, compile=False)
-    assert patched_sites == [{"rmsnorm": 5, "swiglu": 2, "geglu": 0, "rope": 2, "attention": 2, "cross_entropy": 1,
-                              "linear_cross_entropy": 1, "embedding": 1, "moe_experts": 0, "linear": 14}]
+    assert patched_sites == [{"rmsnorm": 5, "swiglu": 0, "geglu": 0, "rope": 2, "attention": 2, "cross_entropy": 1,
+                              "linear_cross_entropy": 1, "embedding": 1, "moe_experts": 0, "linear": 8,
+                              "gated_mlp": 2}]
     assert len(got) == len(want) == 3
     assert want[-1] < want[0]  # it learns: the comparison is not of a flat line
     assert max(abs(a - b) / abs(b) for a, b in zip(got, want)) <= 1e-4, list(zip(got, want))

@@ -19,6 +19,7 @@ from ..shared.loss import (
     fake_extras,
     loss_reference,
     option_problem,
+    targets,
 )
 
 
@@ -38,10 +39,7 @@ def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, ign
     weight = None if ws is None else torch.rand(ws.shape, generator=gen).to(getattr(torch, ws.dtype))
     if samples is not None and "target" in samples and tuple(samples["target"].shape) == tuple(ts):
         return logits, samples["target"].clone(), weight
-    target = torch.randint(0, ls[-1], ts, generator=gen)
-    pad = torch.rand(ts, generator=gen) < ignored
-    pad.view(-1)[:1] = False  # at least one target counts: an all-ignored batch has no loss to compare
-    return logits, target.masked_fill(pad, key.attr_dict["ignore_index"]), weight
+    return logits, targets(gen, ts, ls[-1], key.attr_dict["ignore_index"], ignored), weight
 
 
 def fake(tensors: tuple, attrs: dict) -> tuple[torch.Tensor, ...]:

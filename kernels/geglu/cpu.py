@@ -8,15 +8,15 @@ from ..shared.gated import fake
 from ..shared.gated_cpu import gated_backward, gated_forward, gated_impl, gated_kernels
 from .op import GEGLU
 
-_KERNELS = gated_kernels(gelu_tanh, gelu_tanh_grad)
+KERNELS = gated_kernels(gelu_tanh, gelu_tanh_grad)
 
 
 def forward(tensors, attrs, config):
-    return gated_forward(_KERNELS, tensors, config)
+    return gated_forward(KERNELS, tensors, config)
 
 
 def backward(grads, tensors, results, attrs, config, needs):
-    return gated_backward(_KERNELS, grads, tensors, config)
+    return gated_backward(KERNELS, grads, tensors, config)
 
 
 SERIAL_BELOW = 32_768

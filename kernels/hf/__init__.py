@@ -1,25 +1,26 @@
 """nki_autotune.kernels.hf: the kernel pack in Hugging Face transformers models, one instance at a time.
 
     from nki_autotune.kernels.hf import patch
-    patch(model)   # {"attention": 2, "cross_entropy": 1, "embedding": 1, "geglu": 0, "linear_cross_entropy": 1,
-                   #  "rmsnorm": 5, "rope": 2, "swiglu": 2}
+    patch(model)   # {"attention": 2, "cross_entropy": 1, "embedding": 1, "gated_mlp": 2, "geglu": 0, "linear": 8,
+                   #  "linear_cross_entropy": 1, "moe_experts": 0, "rmsnorm": 5, "rope": 2, "swiglu": 0}
 
-``patch`` binds new forwards on this model's modules (never on their classes, never on
-``torch.nn.functional``), matched by exact class in the families Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2,
-Gemma 3 (text), Phi-3, OLMo 2, Granite and SmolLM3: RMSNorm modules (Qwen3's and Gemma 3's per-head
-``q_norm``/``k_norm`` and OLMo 2's across all heads too, each with its family's cast order; Gemma's scale by
-``1 + weight``), SiLU-gated MLPs (``swiglu``; Phi-3's fused ``gate_up_proj`` split in half) and Gemma's
-GELU(tanh)-gated ones (``geglu``), the rotary embedding of each attention that rotates whole heads (not a NoPE
-layer of SmolLM3, not a partial rotary embedding) and its ``sdpa`` attention function (``nk.attention``; other
-attention implementations are left as they are), the token embedding (Gemma's scaled by sqrt(hidden size)), the
-causal-LM loss (the instance's ``loss_function``; Gemma 2 and 3 cap their logits before it, so it takes the capped
-logits) and, in training with labels, the causal-LM head and its loss as one ``nk.linear_cross_entropy`` call (the
-instance's ``forward``; its output's ``logits`` is then None: the logits are never made). What a family computes
-around them (Granite's multipliers, OLMo 2's norms after attention and MLP) stays in the forwards the patch leaves
-as they are; a module that matches no rule keeps its forward. Weights, ``state_dict``, devices and dtypes are
-untouched; each op runs the pack's function, so the switches and tables decide per call site (labelled by the
-module's qualified name, e.g. ``model.layers.0.input_layernorm``) between a kernel and the expression transformers
-writes. ``unpatch`` restores every forward; patching twice changes nothing.
+``patch`` binds new forwards on this model's modules (never on their classes, never on ``torch.nn.functional``),
+matched by exact class in the families Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3 (text), Phi-3, OLMo 2,
+Granite and SmolLM3: RMSNorm modules (Qwen3's and Gemma 3's per-head ``q_norm``/``k_norm`` and OLMo 2's across all
+heads too, each with its family's cast order; Gemma's scale by ``1 + weight``), gated MLPs whole (``gated_mlp``,
+Phi-3's fused ``gate_up_proj`` as one weight; with ``gated_mlp=False`` or projection biases: ``swiglu``, Phi-3's
+``gate_up_proj`` split in half, and Gemma's GELU(tanh)-gated ``geglu``, their projections ``linear``'s, as the
+attention's are), the rotary embedding of each attention that rotates whole heads (not a NoPE layer of SmolLM3, not
+a partial rotary embedding) and its ``sdpa`` attention function (``nk.attention``; other attention implementations
+are left as they are), the token embedding (Gemma's scaled by sqrt(hidden size)), the causal-LM loss (the instance's
+``loss_function``; Gemma 2 and 3 cap their logits before it, so it takes the capped logits) and, in training with
+labels, the causal-LM head and its loss as one ``nk.linear_cross_entropy`` call (the instance's ``forward``; its
+output's ``logits`` is then None: the logits are never made). What a family computes around them (Granite's
+multipliers, OLMo 2's norms after attention and MLP) stays in the forwards the patch leaves as they are; a module
+that matches no rule keeps its forward. Weights, ``state_dict``, devices and dtypes are untouched; each op runs the
+pack's function, so the switches and tables decide per call site (labelled by the module's qualified name, e.g.
+``model.layers.0.input_layernorm``) between a kernel and the expression transformers writes. ``unpatch`` restores
+every forward; patching twice changes nothing.
 
 Which modules each op takes, and the forward it binds, is said in the op's folder (``hooks.py``: its ``FAMILY``
 hook, ``kernels/shared/hooks.py``); this package walks the hooks of every op the pack finds and keeps what is
@@ -62,9 +63,13 @@ def patch(model: nn.Module, **ops: bool) -> dict[str, int]:
     check_version()
     todo = []
     routed: dict[int, set[str]] = {}  # per attention module, the ops its forward routes
-    for family in families_of(model):
+    families = families_of(model)
+    covered = _covered(model, families, wanted)
+    for family in families:
         for op, name, module in _candidates(model, family):
             hook = HOOKS[op]
+            if any(name == c or name.startswith(c + ".") for c in covered.get(op, ())):
+                continue
             if op in _patched_ops(module):
                 if hook.route is not None:  # a copy of a patched model: its attention modules are new
                     _routes.route(family.modeling, module)
@@ -132,6 +137,23 @@ def _check(name: str, module: nn.Module, op: str, family: Family) -> None:
         check_routable(family.modeling, type(module), op)
     if hook.check is not None:
         hook.check(module)
+
+
+def _covered(model: nn.Module, families: list[Family], wanted: dict[str, bool]) -> dict[str, set[str]]:
+    """Per op, the modules (qualified names) another op's hook binds, or bound, that cover it (``FamilyHook.covers``):
+    the op leaves them and what is inside them alone. A module an earlier patch bound a covered op on (a
+    ``gated_mlp=False`` patch's SwiGLU) keeps it: the covering op's own candidate is dropped there."""
+    out: dict[str, set[str]] = {}
+    for op, hook in HOOKS.items():
+        for family in families if hook.covers else ():
+            for name, module in hook.find(model, family):
+                bound = _patched_ops(module)
+                if op in bound or (wanted[op] and not set(bound) & set(hook.covers)):
+                    for c in hook.covers:
+                        out.setdefault(c, set()).add(name)
+                else:
+                    out.setdefault(op, set()).add(name)
+    return out
 
 
 def _candidates(model: nn.Module, family: Family) -> Iterator[tuple[str, str, nn.Module]]:

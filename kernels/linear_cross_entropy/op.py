@@ -19,6 +19,7 @@ from ..shared.loss import (
     fake_extras,
     loss_reference,
     option_problem,
+    targets,
 )
 
 
@@ -43,10 +44,7 @@ def make_inputs(key: Key, gen: torch.Generator, samples: dict | None = None, ign
     cw = None if cs is None else torch.rand(cs.shape, generator=gen).to(getattr(torch, cs.dtype))
     if samples is not None and "target" in samples and tuple(samples["target"].shape) == tuple(ts.shape):
         return hidden, weight, samples["target"].clone(), bias, cw
-    target = torch.randint(0, max(ws.shape[0], 1), ts.shape, generator=gen)
-    pad = torch.rand(ts.shape, generator=gen) < ignored
-    pad.view(-1)[:1] = False  # at least one target counts: an all-ignored batch has no loss to compare
-    return hidden, weight, target.masked_fill(pad, key.attr_dict["ignore_index"]), bias, cw
+    return hidden, weight, targets(gen, ts.shape, ws.shape[0], key.attr_dict["ignore_index"], ignored), bias, cw
 
 
 def fake(tensors: tuple, attrs: dict, needs: tuple[bool, ...]) -> tuple[torch.Tensor, ...]:

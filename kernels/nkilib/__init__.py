@@ -8,7 +8,8 @@ nki-library`` replaces it); anywhere else, a copy on ``sys.path`` (the folder ho
 - ``rope.nkilib_hf``: ``core/embeddings/rope_hf.py``, forward and (``backward=True``) the q/k gradients;
 - ``cross_entropy.nkilib``: ``experimental/loss/cross_entropy.py``, ``cross_entropy_forward``/``_backward``;
 - ``rmsnorm.nkilib_tkg``: ``core/subkernels/rmsnorm_tkg.py`` (token generation: inference only);
-- ``attention.nkilib_cte``: ``core/attention/attention_cte.py`` (context encoding) and ``attention_bwd.py``.
+- ``attention.nkilib_cte``: ``core/attention/attention_cte.py`` (context encoding) and ``attention_bwd.py``;
+- ``gated_mlp.nkilib``: ``core/mlp``'s context-encoding kernel (``mlp_cte``; inference only).
 
 Each takes its kernel's tunable parameters as its config space and declines, in ``supports()``, the layouts and
 shapes the kernel does not take. Importing the pack calls ``register()``; where ``nkilib`` is not importable it
@@ -23,7 +24,7 @@ import sys
 
 from ...registry import Impl, register_impl, unregister_impl
 
-MODULES = ("rope", "cross_entropy", "rmsnorm", "attention")
+MODULES = ("rope", "cross_entropy", "rmsnorm", "attention", "mlp")
 """The modules of this package that adapt one library kernel each (``IMPL`` in each)."""
 
 WHY_NOT: str | None = "not tried yet"

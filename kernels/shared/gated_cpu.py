@@ -48,10 +48,10 @@ def _backward_body(dy, g, u, block, dg, du):
         lo, hi = t * block, min(n, (t + 1) * block)
         yb, gb, ub, dgb, dub = dy[lo:hi], g[lo:hi], u[lo:hi], dg[lo:hi], du[lo:hi]
         for i in range(hi - lo):
-            x, gy = f32(gb[i]), f32(yb[i])
+            x, gy, up = f32(gb[i]), f32(yb[i]), f32(ub[i])  # all read before any write: dg, du may be g, u
             a, da = ACT_GRAD(x)
             dub[i] = cast_to(dub, gy * a)
-            dgb[i] = cast_to(dgb, gy * f32(ub[i]) * da)
+            dgb[i] = cast_to(dgb, gy * up * da)
 
 
 def _forward_rows_body(g, u, out):
@@ -66,10 +66,10 @@ def _backward_rows_body(dy, g, u, dg, du):
     for r in prange(g.shape[0]):
         yb, gb, ub, dgb, dub = dy[r], g[r], u[r], dg[r], du[r]
         for i in range(g.shape[1]):
-            x, gy = f32(gb[i]), f32(yb[i])
+            x, gy, up = f32(gb[i]), f32(yb[i]), f32(ub[i])
             a, da = ACT_GRAD(x)
             dub[i] = cast_to(dub, gy * a)
-            dgb[i] = cast_to(dgb, gy * f32(ub[i]) * da)
+            dgb[i] = cast_to(dgb, gy * up * da)
 
 
 def gated_kernels(act, act_grad) -> tuple[tuple, ...]:
@@ -95,10 +95,12 @@ def gated_forward(kernels: tuple, tensors: tuple, config: dict) -> tuple:
     return (out,)
 
 
-def gated_backward(kernels: tuple, grads: tuple, tensors: tuple, config: dict) -> tuple:
+def gated_backward(kernels: tuple, grads: tuple, tensors: tuple, config: dict, out: tuple | None = None) -> tuple:
+    """dg and du, new or into ``out`` (which may be g and u themselves: each element is read before it is
+    written)."""
     (dy,), (g, u) = grads, tensors
     u = g if u is None else u  # only du (which reads g) is needed: dg is computed and dropped
-    dg, du = empty_like(g), empty_like(g)
+    dg, du = (empty_like(g), empty_like(g)) if out is None else out
     if _flat(dy, g, u):
         launch(kernels[1], config["threads"], array(dy).reshape(-1), array(g).reshape(-1), array(u).reshape(-1),
                config["block"], array(dg).reshape(-1), array(du).reshape(-1))

@@ -68,6 +68,9 @@ class FamilyHook:
     route: Route | None = None
     keyword: str = ""
     """The patch's keyword for the op, where it is not the op's name (``projections`` for ``linear``)."""
+    covers: tuple[str, ...] = ()
+    """Ops whose sites lie within the modules this hook binds (the gated MLP's activation and projections): where
+    it binds a module, their hooks leave that module and what is inside it alone."""
 
     def bound(self, module: nn.Module) -> bool:
         """Whether this hook's binding is what ``module``'s slot holds (a route is told by its router forward)."""

@@ -189,3 +189,16 @@ def weights(target, attrs, g):
     valid = target != attrs["ignore_index"]
     scale = g if attrs["reduction"] == "sum" else g / valid.sum()
     return torch.where(valid, scale, torch.zeros((), dtype=torch.float32, device=target.device)).float()
+
+
+def targets(gen: torch.Generator, shape: tuple[int, ...], classes: int, ignore_index: int,
+            ignored: float) -> torch.Tensor:
+    """Random targets with a share ``ignored`` of them ``ignore_index`` (padding), the first always counted (not
+    ``ignore_index``, which may be a class): an all-ignored batch has no loss to compare (its mean is nan)."""
+    target = torch.randint(0, max(classes, 1), shape, generator=gen)
+    pad = torch.rand(shape, generator=gen) < ignored
+    first = target.view(-1)[:1]
+    if classes > 1:
+        first.masked_fill_(first == ignore_index, (ignore_index + 1) % classes)
+    pad.view(-1)[:1] = False
+    return target.masked_fill(pad, ignore_index)

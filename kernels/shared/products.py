@@ -43,4 +43,17 @@ def product(x: torch.Tensor, w: torch.Tensor, onednn: bool, bias: torch.Tensor |
     return torch.addmm(bias, x, wt) if out is None else torch.addmm(bias, x, wt, out=out)
 
 
-__all__ = ["ONEDNN", "linear", "onednn_enabled", "product"]
+def accumulate(acc: torch.Tensor | None, x: torch.Tensor, w: torch.Tensor, onednn: bool,
+               into: torch.Tensor | None = None) -> torch.Tensor:
+    """``acc + x @ w.T`` in place in ``acc``; where ``acc`` is None (a first tile), the product as a float32 tensor,
+    new or written into ``into``: sums over tiles of bfloat16 products kept in float32."""
+    if acc is None:
+        if into is not None and into.dtype == x.dtype:
+            return product(x, w, onednn, out=into)
+        p = product(x, w, onednn)
+        return p.float() if into is None else into.copy_(p)
+    if acc.dtype == x.dtype and not onednn:
+        return acc.addmm_(x, w.t())
+    return acc.add_(product(x, w, onednn))
+
+__all__ = ["ONEDNN", "accumulate", "linear", "onednn_enabled", "product"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import Enum, IntEnum
 
 
 class engine(Enum):  # noqa: N801  (the NKI names)
@@ -40,7 +40,9 @@ class matmul_perf_mode(Enum):  # noqa: N801
     double_row = 1
 
 
-class nc_version(Enum):  # noqa: N801
+class nc_version(IntEnum):  # noqa: N801
+    """Ordered, as the NKI Library compares it (``get_nc_version() >= nc_version.gen3``)."""
+
     gen2 = 2
     gen3 = 3
     gen4 = 4
