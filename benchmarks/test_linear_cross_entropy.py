@@ -159,3 +159,49 @@ def test_against_pytorchs_chunked_linear_cross_entropy(shape, options, capsys):
                   f"{lo:4.2f}-{hi:4.2f})   peak {peaks[name] / 2**20:8.1f} MiB ({peaks[name] / peaks[ref]:4.2f}x)")
     for name, loss in losses.items():
         assert torch.allclose(loss, losses["compiler"], rtol=1e-4), (name, loss, losses["compiler"])
+
+
+SMOLLM2_HEAD = (512, 576, 49152)
+"""SmolLM2-135M's head at batch 1 x 512 (tied embeddings: the weight is the embedding's)."""
+
+
+def test_the_chunk_at_smollm2s_head(capsys):
+    """The kernel at each chunk (oneDNN's products and torch's) against the compiler at SmolLM2-135M's head: a chunk
+    of all 512 tokens holds the [512, 49152] logits (96 MiB) and saves nothing; the time and peak of each."""
+    from nki_autotune.kernels.linear_cross_entropy.cpu import CPU_CHUNKS, fit
+    from nki_autotune.registry import Key, TensorSpec
+
+    torch._dynamo.reset()
+    h, w, t, step = head(SMOLLM2_HEAD, torch.Generator().manual_seed(0))
+    attrs = {"ignore_index": -100, "reduction": "mean", "softcap": None, "label_smoothing": 0.0,
+             "lse_square_scale": 0.0, "predictions": False}
+    needs = (True, True, False)
+
+    def kernel(config):
+        def run(*_):
+            return CPU_CHUNKS.forward((h.detach(), w.detach(), t, None, None), attrs, config, needs)[0]
+        return run
+
+    fns = {"compiler": torch.compile(expression, backend="inductor", fullgraph=True, dynamic=False)}
+    for chunk in (64, 128, 256, 512):
+        for onednn in (1, 0):
+            fns[f"kernel chunk {chunk}, {'oneDNN' if onednn else 'mm'}"] = kernel(
+                {**CPU_CHUNKS.default, "chunk": chunk, "onednn": onednn})
+
+    def once(fn):
+        return step(fn) if fn is fns["compiler"] else fn()
+
+    for fn in fns.values():
+        once(fn)
+    times = interleaved(fns, once, 5)
+    specs = tuple(TensorSpec(tuple(x.shape), str(x.dtype).removeprefix("torch.")) for x in (h, w, t)) + (None, None)
+    default = fit(Key.of(CPU_CHUNKS.op, specs, attrs, "training"))["chunk"]
+    with capsys.disabled():
+        print(f"\nlinear cross-entropy at SmolLM2-135M's head {'x'.join(map(str, SMOLLM2_HEAD))}, fwd+bwd, median of "
+              f"5 interleaved rounds; the default config's chunk here: {default}")
+        for name, fn in fns.items():
+            h.grad = w.grad = None
+            peak = peak_bytes(lambda fn=fn: once(fn))
+            x, (lo, hi) = ratio_of_medians(times["compiler"], times[name])
+            print(f"  {name:<26} {statistics.median(times[name]) * 1e3:8.1f} ms ({x:4.2f}x, {lo:4.2f}-{hi:4.2f})  "
+                  f"peak {peak / 2**20:7.1f} MiB")

@@ -76,7 +76,9 @@ def test_each_impl_registers_through_nki_op_and_launches_through_wrap_nki(standi
     assert res.ok, res  # forward and backward (register_autograd) through the stand-in, against float64
     launched = {k for k, _, _ in standin.launches}
     assert launched and launched <= set(standin.wrapped)
-    assert all(isinstance(k, nki.Kernel) and k.__module__ == impl.module for k in launched)
+    shared = impl.module.rsplit(".", 2)[0] + ".shared."  # kernels several ops launch (the gated and linear tiles)
+    assert all(isinstance(k, nki.Kernel) and (k.__module__ == impl.module or k.__module__.startswith(shared))
+               for k in launched)
     assert {grid for _, grid, _ in standin.launches} == {()}  # NKI 0.8: the LNC TorchNeuron reports, no grid
 
 

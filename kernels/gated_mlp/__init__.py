@@ -6,6 +6,7 @@ import torch
 
 from ...registry import call
 from . import cpu as _cpu  # noqa: F401  (registers gated_mlp.cpu_tiled and cpu_kept)
+from . import nki as _nki  # noqa: F401  (registers gated_mlp.nki_fused)
 from .op import GATED_MLP
 
 

@@ -14,13 +14,10 @@ import math
 import torch
 
 from ...registry import Impl, Key, register_impl
-from ...registry.cpu.runtime import FLOATS
 from ...registry.cpu.threads import fit_threads, max_threads, thread_choices, torch_threads
-from ..geglu.cpu import KERNELS as GELU_TANH
-from ..shared.gated_cpu import gated_backward, gated_forward
+from ..shared.gated_cpu import GELU_TANH, SILU, gated_backward, gated_forward
 from ..shared.products import ONEDNN, accumulate, onednn_enabled, product
-from ..swiglu.cpu import KERNELS as SILU
-from .op import GATED_MLP, fake, shape_problem
+from .op import GATED_MLP, dtype_problem, fake, shape_problem
 
 KERNELS = {"silu": SILU, "gelu_pytorch_tanh": GELU_TANH}
 PASSES = ("fwd", "dgrad", "wgrad")
@@ -143,13 +140,7 @@ def backward(grads, tensors, results, attrs, config, needs):
 
 def supports(specs, attrs) -> str | None:
     """Any layout of x and the weights (products take them as they are stored); float32 or bfloat16, one dtype."""
-    why = shape_problem(specs, attrs)
-    if why:
-        return why
-    dtypes = {s.dtype for s in specs if s is not None}
-    if len(dtypes) != 1 or not dtypes <= set(FLOATS):
-        return f"dtypes {sorted(dtypes)} (supports one of {', '.join(FLOATS)} for all)"
-    return None
+    return shape_problem(specs, attrs) or dtype_problem(specs)
 
 
 def _tokens(key: Key) -> int:

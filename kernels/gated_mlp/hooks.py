@@ -10,9 +10,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from ..geglu.hooks import FAMILY as GEGLU
-from ..shared.hooks import FamilyHook
-from ..swiglu.hooks import FAMILY as SWIGLU
+from ..shared.hooks import FamilyHook, gelu_tanh_mlps, silu_mlps
 from . import gated_mlp
 
 
@@ -28,8 +26,8 @@ def _no_bias(module: nn.Module) -> bool:
 
 
 def _mlps(model: nn.Module, family):
-    for hook in (SWIGLU, GEGLU):
-        for name, m in hook.find(model, family):
+    for find in (silu_mlps, gelu_tanh_mlps):
+        for name, m in find(model, family):
             if _no_bias(m):
                 yield name, m
 

@@ -3,20 +3,17 @@
 
 from __future__ import annotations
 
-from ..shared.activations_cpu import gelu_tanh, gelu_tanh_grad
 from ..shared.gated import fake
-from ..shared.gated_cpu import gated_backward, gated_forward, gated_impl, gated_kernels
+from ..shared.gated_cpu import GELU_TANH, gated_backward, gated_forward, gated_impl
 from .op import GEGLU
-
-KERNELS = gated_kernels(gelu_tanh, gelu_tanh_grad)
 
 
 def forward(tensors, attrs, config):
-    return gated_forward(KERNELS, tensors, config)
+    return gated_forward(GELU_TANH, tensors, config)
 
 
 def backward(grads, tensors, results, attrs, config, needs):
-    return gated_backward(KERNELS, grads, tensors, config)
+    return gated_backward(GELU_TANH, grads, tensors, config)
 
 
 SERIAL_BELOW = 32_768

@@ -5,28 +5,17 @@
 
 from __future__ import annotations
 
-from ...registry.neuron.nki import nki, nl
 from ..shared.gated import fake
-from ..shared.gated_nki import gated_backward, gated_bwd, gated_forward, gated_fwd, gated_impl, gelu_tanh_tiles
+from ..shared.gated_nki import gated_backward, gated_forward, gated_impl, gelu_tanh_bwd, gelu_tanh_fwd
 from .op import GEGLU
 
 
-@nki.jit
-def geglu_fwd(gate, glead, up, ulead, f, rows_per_tile, cols):
-    return gated_fwd(gate, glead, up, ulead, f, rows_per_tile, cols, nl.gelu_apprx_tanh)
-
-
-@nki.jit
-def geglu_bwd(dy, gate, glead, up, ulead, rows_per_tile, cols):
-    return gated_bwd(dy, gate, glead, up, ulead, rows_per_tile, cols, gelu_tanh_tiles)
-
-
 def forward(tensors, attrs, config):
-    return gated_forward(geglu_fwd, tensors, config)
+    return gated_forward(gelu_tanh_fwd, tensors, config)
 
 
 def backward(grads, tensors, results, attrs, config, needs):
-    return gated_backward(geglu_bwd, grads, tensors, config)
+    return gated_backward(gelu_tanh_bwd, grads, tensors, config)
 
 
 NKI_TILED = gated_impl(GEGLU, forward, backward, fake, temporaries=3)

@@ -27,6 +27,7 @@ from ...registry.cpu.runtime import (
     rows_view,
 )
 from ...registry.cpu.threads import fit_threads, max_threads, thread_choices
+from .activations_cpu import gelu_tanh, gelu_tanh_grad, silu, silu_grad
 
 BLOCKS = (4096, 16384, 65536)
 ACT = ACT_GRAD = None
@@ -78,6 +79,11 @@ def gated_kernels(act, act_grad) -> tuple[tuple, ...]:
     bind = {"ACT": act, "ACT_GRAD": act_grad}
     return tuple(kernel(body, ELEMENTWISE, bind)
                  for body in (_forward_body, _backward_body, _forward_rows_body, _backward_rows_body))
+
+
+SILU = gated_kernels(silu, silu_grad)
+GELU_TANH = gated_kernels(gelu_tanh, gelu_tanh_grad)
+"""The gated kernels of SwiGLU and GeGLU (and of the gated MLP's activation)."""
 
 
 def _flat(*tensors: torch.Tensor) -> bool:

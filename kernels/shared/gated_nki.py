@@ -11,7 +11,7 @@ import math
 
 from ...registry import Impl, Key, TensorSpec, register_impl
 from ...registry.neuron.launch import run, strided_rows
-from ...registry.neuron.nki import nisa, nl
+from ...registry.neuron.nki import nisa, nki, nl
 from .tiles import ROWS, fits_sbuf, mine, strided_row_tiles, tiles
 
 COLS = (512, 2048)
@@ -111,6 +111,31 @@ def gelu_tanh_tiles(g, t, n, m):
     nisa.tensor_tensor(dst=d[0:n, 0:m], data1=d[0:n, 0:m], data2=t[0:n, 0:m], op=nl.add)  # gelu'
     nisa.tensor_tensor(dst=t[0:n, 0:m], data1=t[0:n, 0:m], data2=g, op=nl.multiply)  # gelu = h * x
     return d
+
+
+@nki.jit
+def silu_fwd(gate, glead, up, ulead, f, rows_per_tile, cols):
+    return gated_fwd(gate, glead, up, ulead, f, rows_per_tile, cols, nl.silu)
+
+
+@nki.jit
+def silu_bwd(dy, gate, glead, up, ulead, rows_per_tile, cols):
+    return gated_bwd(dy, gate, glead, up, ulead, rows_per_tile, cols, silu_tiles)
+
+
+@nki.jit
+def gelu_tanh_fwd(gate, glead, up, ulead, f, rows_per_tile, cols):
+    return gated_fwd(gate, glead, up, ulead, f, rows_per_tile, cols, nl.gelu_apprx_tanh)
+
+
+@nki.jit
+def gelu_tanh_bwd(dy, gate, glead, up, ulead, rows_per_tile, cols):
+    return gated_bwd(dy, gate, glead, up, ulead, rows_per_tile, cols, gelu_tanh_tiles)
+
+
+KERNELS = {"silu": (silu_fwd, silu_bwd, nl.silu), "gelu_pytorch_tanh": (gelu_tanh_fwd, gelu_tanh_bwd,
+                                                                          nl.gelu_apprx_tanh)}
+"""Per activation (transformers' names): the gated forward and backward kernels, and ScalarE's function."""
 
 
 def _rows(t):

@@ -129,6 +129,45 @@ def hooks_of(attr: str) -> dict[str, Any]:
     return out
 
 
+def silu_mlps(model: nn.Module, family: Family) -> Iterable[tuple[str, nn.Module]]:
+    """The SiLU-gated MLPs of a family's model (Phi-3's with its fused ``gate_up_proj``): its MLP class, a SiLU
+    activation and ``nn.Linear`` projections."""
+    from transformers.activations import SiLUActivation
+
+    if family.mlp not in ("mlp_forward", "fused_mlp_forward"):  # another gate (Gemma's GELU)
+        return
+    mlp = family.cls("MLP")
+    fused = family.mlp == "fused_mlp_forward"
+    act, projections = ("activation_fn", ("gate_up_proj",)) if fused else ("act_fn", ("gate_proj", "up_proj"))
+    for name, m in model.named_modules():
+        if (type(m) is mlp and type(getattr(m, act, None)) in (SiLUActivation, nn.SiLU)
+                and all(isinstance(getattr(m, p, None), nn.Linear) for p in projections)):
+            yield name, m
+
+
+def is_gelu_tanh(act: nn.Module | None) -> bool:
+    """Whether ``act`` is ``F.gelu(x, approximate="tanh")``: transformers' ``gelu_pytorch_tanh`` (``GELUTanh``, in
+    older versions ``PytorchGELUTanh``; not its pure-Python formula, ``gelu_python_tanh``) or ``nn.GELU("tanh")``."""
+    import transformers.activations as acts
+
+    if type(act) is nn.GELU:
+        return act.approximate == "tanh"
+    if type(act) not in {getattr(acts, n, None) for n in ("GELUTanh", "PytorchGELUTanh")} - {None}:
+        return False
+    fn = getattr(act, "act", None)  # GELUTanh holds its function; PytorchGELUTanh calls F.gelu in its forward
+    return fn is None or (isinstance(fn, partial) and fn.func is F.gelu and fn.keywords == {"approximate": "tanh"})
+
+
+def gelu_tanh_mlps(model: nn.Module, family: Family) -> Iterable[tuple[str, nn.Module]]:
+    """Gemma's GELU(tanh)-gated MLPs."""
+    if family.mlp != "geglu_mlp_forward":
+        return
+    mlp = family.cls("MLP")
+    for name, m in model.named_modules():
+        if type(m) is mlp and is_gelu_tanh(getattr(m, "act_fn", None)):
+            yield name, m
+
+
 def shifted_labels(labels: torch.Tensor, ignore_index: int, shift_labels: torch.Tensor | None) -> torch.Tensor:
     """transformers' causal-LM shift: each position's label is the next token's (the last position ignored),
     flattened; ``shift_labels`` where the caller shifted them already."""

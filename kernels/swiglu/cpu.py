@@ -3,20 +3,17 @@
 
 from __future__ import annotations
 
-from ..shared.activations_cpu import silu, silu_grad
 from ..shared.gated import fake
-from ..shared.gated_cpu import gated_backward, gated_forward, gated_impl, gated_kernels
+from ..shared.gated_cpu import SILU, gated_backward, gated_forward, gated_impl
 from .op import SWIGLU
-
-KERNELS = gated_kernels(silu, silu_grad)
 
 
 def forward(tensors, attrs, config):
-    return gated_forward(KERNELS, tensors, config)
+    return gated_forward(SILU, tensors, config)
 
 
 def backward(grads, tensors, results, attrs, config, needs):
-    return gated_backward(KERNELS, grads, tensors, config)
+    return gated_backward(SILU, grads, tensors, config)
 
 
 SERIAL_BELOW = 2_097_152

@@ -4,9 +4,8 @@ half)."""
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from ..shared.hooks import FamilyHook, family_forward
+from ..shared.hooks import FamilyHook, family_forward, silu_mlps
 from . import swiglu
 
 
@@ -25,19 +24,5 @@ def fused_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
 _FORWARDS = {f.__name__: f for f in (mlp_forward, fused_mlp_forward)}
 
 
-def _mlps(model: nn.Module, family):
-    from transformers.activations import SiLUActivation
-
-    if family.mlp not in _FORWARDS:  # another gate (Gemma's GELU)
-        return
-    mlp = family.cls("MLP")
-    fused = family.mlp == "fused_mlp_forward"
-    act, projections = ("activation_fn", ("gate_up_proj",)) if fused else ("act_fn", ("gate_proj", "up_proj"))
-    for name, m in model.named_modules():
-        if (type(m) is mlp and type(getattr(m, act, None)) in (SiLUActivation, nn.SiLU)
-                and all(isinstance(getattr(m, p, None), nn.Linear) for p in projections)):
-            yield name, m
-
-
-FAMILY = FamilyHook(find=_mlps, forwards=tuple(_FORWARDS.values()),
+FAMILY = FamilyHook(find=silu_mlps, forwards=tuple(_FORWARDS.values()),
                     bind=family_forward(_FORWARDS, lambda family: family.mlp))

@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-from ...registry.neuron.nki import nki, nl
 from ..shared.gated import fake
-from ..shared.gated_nki import gated_backward, gated_bwd, gated_forward, gated_fwd, gated_impl, silu_tiles
+from ..shared.gated_nki import gated_backward, gated_forward, gated_impl, silu_bwd, silu_fwd
 from .op import SWIGLU
 
 
-@nki.jit
-def swiglu_fwd(gate, glead, up, ulead, f, rows_per_tile, cols):
-    return gated_fwd(gate, glead, up, ulead, f, rows_per_tile, cols, nl.silu)
-
-
-@nki.jit
-def swiglu_bwd(dy, gate, glead, up, ulead, rows_per_tile, cols):
-    return gated_bwd(dy, gate, glead, up, ulead, rows_per_tile, cols, silu_tiles)
-
-
 def forward(tensors, attrs, config):
-    return gated_forward(swiglu_fwd, tensors, config)
+    return gated_forward(silu_fwd, tensors, config)
 
 
 def backward(grads, tensors, results, attrs, config, needs):
-    return gated_backward(swiglu_bwd, grads, tensors, config)
+    return gated_backward(silu_bwd, grads, tensors, config)
 
 
 NKI_TILED = gated_impl(SWIGLU, forward, backward, fake, temporaries=2)
