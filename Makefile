@@ -51,9 +51,9 @@ test-hf-oldest: $(OLDEST_STAMP)
 demo: $(STAMP)
 	mkdir -p out
 	$(VENV)/bin/nki-autotune record -o out/profile.yaml -- $(PY) examples/train.py --steps 3
-	$(VENV)/bin/nki-autotune run out/profile.yaml -o out/dispatch.yaml --trials 4 --objective memory
+	$(VENV)/bin/nki-autotune run out/profile.yaml -o out/dispatch.yaml --trials 2 --objective memory
 	$(VENV)/bin/nki-autotune show out/dispatch.yaml
-	$(VENV)/bin/nki-autotune verify out/dispatch.yaml examples/train.py:make_step --rounds 9 --json out/verify.json
+	$(VENV)/bin/nki-autotune verify out/dispatch.yaml examples/train.py:make_step --rounds 8 --json out/verify.json
 
 bench: $(STAMP)
 	$(PY) -m pytest benchmarks -q --timeout 1200 --benchmark-columns=median,iqr,rounds --benchmark-sort=name
