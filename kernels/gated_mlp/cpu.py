@@ -16,7 +16,7 @@ import torch
 from ...registry import Impl, Key, register_impl
 from ...registry.cpu.threads import fit_threads, max_threads, thread_choices, torch_threads
 from ..shared.gated_cpu import GELU_TANH, SILU, gated_backward, gated_forward
-from ..shared.products import ONEDNN, accumulate, onednn_enabled, product
+from ..shared.products import ONEDNN, accumulate, allowed, onednn_enabled, product
 from .op import GATED_MLP, dtype_problem, fake, shape_problem
 
 KERNELS = {"silu": SILU, "gelu_pytorch_tanh": GELU_TANH}
@@ -154,9 +154,9 @@ def _work(key: Key) -> int:
 
 
 def constraint(config: dict, key: Key) -> bool:
-    """oneDNN's products only where this torch has them; tiles up to the first that holds every token."""
+    """oneDNN's products only where they run the key's dtype here; tiles up to the first that holds every token."""
     smaller = [t for t in TILES if t < config["tile"]]
-    return (ONEDNN or not any(config[p] for p in PASSES)) and (not smaller or smaller[-1] < _tokens(key))
+    return allowed(config, PASSES, key.inputs[0].dtype) and (not smaller or smaller[-1] < _tokens(key))
 
 
 SERIAL_BELOW = 1 << 20

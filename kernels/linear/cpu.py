@@ -19,7 +19,7 @@ import torch
 from ...registry import Impl, Key, register_impl
 from ...registry.cpu.runtime import FLOATS
 from ...registry.cpu.threads import fit_threads, max_threads, thread_choices, torch_threads
-from ..shared.products import ONEDNN, onednn_enabled, product
+from ..shared.products import ONEDNN, allowed, onednn_enabled, product
 from .op import LINEAR, fake, shape_problem
 
 PASSES = ("fwd", "dgrad", "wgrad")
@@ -74,8 +74,8 @@ def _work(key: Key) -> int:
 
 
 def constraint(config: dict, key: Key) -> bool:
-    """oneDNN's products only where this torch has them."""
-    return ONEDNN or not any(config[p] for p in PASSES)
+    """oneDNN's products only where they run the key's dtype here."""
+    return allowed(config, PASSES, key.inputs[0].dtype)
 
 
 SERIAL_BELOW = 1 << 20

@@ -11,8 +11,8 @@ by the kernel once, and by three matrix products.
 
 The products are torch's BLAS (``mm``/``addmm``, MKL on x86, what the compiler's code calls; the logits into one
 buffer reused by every chunk) or, with ``onednn`` (a tuned config, the default where torch has it), oneDNN's linear
-(``mkldnn::_linear_pointwise``), which picks its kernels by the CPU's instructions: on this project's AMD EPYC
-(AVX-512) MKL's products at these shapes ran at 120-180 GFLOP/s on two cores, oneDNN's at 290-400. torch makes the
+(``mkldnn::_linear_pointwise``), which picks its kernels by the CPU's instructions: on an AMD EPYC
+with AVX-512 MKL's products at these shapes ran at 120-180 GFLOP/s on two cores, oneDNN's at 290-400. torch makes the
 linear's input contiguous itself; oneDNN takes a weight stored either way round (row- or column-major) and runs
 any other in its reference code, a thousand times slower, so the weight gradient is made a vocabulary block at a
 time (``BLOCK_BYTES``, ``dlogits^T @ h`` with ``h^T`` as the weight) and each chunk's logits are a fresh tensor

@@ -20,7 +20,7 @@ from ...registry import Impl, Key, register_impl
 from ...registry.cpu.runtime import ELEMENTWISE, FLOATS, array, cast_to, empty, f32, kernel, launch, out_of_range
 from ...registry.cpu.threads import fit_threads, max_threads, thread_choices
 from ..shared.activations_cpu import gelu, gelu_grad, gelu_tanh, gelu_tanh_grad, silu, silu_grad
-from ..shared.products import ONEDNN, onednn_enabled
+from ..shared.products import ONEDNN, allowed, onednn_enabled
 from ..shared.products import product as _product
 from .op import MOE_EXPERTS, fake, shape_problem
 
@@ -215,7 +215,7 @@ CPU_GROUPED = register_impl(Impl(
     supports=supports, saved=3,
     space={"threads": thread_choices(), **{p: (0, 1) for p in _LIBRARIES}},
     default={"threads": max_threads(), "fwd_onednn": int(ONEDNN), "dgrad_onednn": int(ONEDNN), "wgrad_onednn": 0},
-    constraint=lambda config, key: ONEDNN or not any(config[p] for p in _LIBRARIES),
+    constraint=lambda config, key: allowed(config, _LIBRARIES, key.inputs[0].dtype),
     backward_params=("dgrad_onednn", "wgrad_onednn"),
     fit=fit_threads(SERIAL_BELOW, _work),
     reads={name: _READS for name in MOE_EXPERTS.differentiable},

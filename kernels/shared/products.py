@@ -1,8 +1,12 @@
 """The CPU's matrix products beside torch's BLAS: oneDNN's linear (``mkldnn::_linear_pointwise``), which picks its
 kernels by the CPU's instructions (AVX-512, AVX-512 BF16 where there are), where the compiled graph calls MKL's
-``mm``. Which is faster depends on the shape and the pass (docs/benchmarks.md): kernels make it a tuned choice."""
+``mm``. Which is faster depends on the shape and the pass (docs/benchmarks.md): kernels make it a tuned choice.
+Where oneDNN does not run a dtype on this CPU (bfloat16 on a CPU without AVX-512: "could not create a primitive
+descriptor"), the tuner is offered no oneDNN config for it and a config asking for one runs torch's product."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -18,6 +22,24 @@ def _onednn() -> bool:
 ONEDNN = _onednn()
 
 
+@functools.cache
+def serves(dtype: torch.dtype | str) -> bool:
+    """Whether oneDNN's linear runs ``dtype`` (a torch dtype or its name) on this CPU: tried once on a 2 x 2."""
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if not ONEDNN:
+        return False
+    try:
+        linear(torch.ones(2, 2, dtype=dtype), torch.ones(2, 2, dtype=dtype))
+    except RuntimeError:
+        return False
+    return True
+
+
+def allowed(config: dict, passes: tuple[str, ...], dtype: str) -> bool:
+    """A config's constraint: oneDNN chosen for none of ``passes``, or oneDNN runs ``dtype`` here."""
+    return not any(config[p] for p in passes) or serves(dtype)
+
+
 def onednn_enabled(config_choice: int | bool) -> bool:
     """A config's ``onednn`` choice, where this torch has it and it is not switched off."""
     return bool(config_choice) and ONEDNN and torch.backends.mkldnn.enabled
@@ -31,8 +53,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
 def product(x: torch.Tensor, w: torch.Tensor, onednn: bool, bias: torch.Tensor | None = None,
             out: torch.Tensor | None = None) -> torch.Tensor:
     """x @ w.T (+ bias), into ``out`` where given: oneDNN's linear (w made row- or column-major where it is
-    neither; an empty contraction, which oneDNN refuses, on torch's) or torch's ``mm``/``addmm``."""
-    if onednn and x.shape[-1] > 0:
+    neither; an empty contraction, or a dtype it does not run here, on torch's) or torch's ``mm``/``addmm``."""
+    if onednn and x.shape[-1] > 0 and serves(x.dtype):
         if not (w.is_contiguous() or w.t().is_contiguous()):
             w = w.contiguous()
         y = linear(x, w, None if bias is None else bias.contiguous())
@@ -56,4 +78,4 @@ def accumulate(acc: torch.Tensor | None, x: torch.Tensor, w: torch.Tensor, onedn
         return acc.addmm_(x, w.t())
     return acc.add_(product(x, w, onednn))
 
-__all__ = ["ONEDNN", "accumulate", "linear", "onednn_enabled", "product"]
+__all__ = ["ONEDNN", "accumulate", "allowed", "linear", "onednn_enabled", "product", "serves"]
