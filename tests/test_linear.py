@@ -50,6 +50,11 @@ def test_a_dtype_onednn_does_not_run_here_is_offered_no_onednn_config_and_runs_t
     not offered oneDNN for it, and a config that asks for it anyway (a default, a table from another machine) runs
     torch's product."""
     monkeypatch.setattr(products, "serves", lambda dtype: False)
+
+    def refuses(*args):  # what oneDNN does with such a dtype
+        raise RuntimeError("could not create a primitive descriptor for the inner product forward propagation")
+
+    monkeypatch.setattr(products, "linear", refuses)
     gen = torch.Generator().manual_seed(SEED)
     tensors = _inputs(gen, (29,), 40, 24, False, bias=True)
     dy = torch.randn(29, 24, generator=gen)
